@@ -1,0 +1,194 @@
+"""Extract the torch_npu operator schemas the emulator checks calls against.
+
+Reads `torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml` straight out of a torch-npu
+wheel (a zip; nothing is installed), keeps the `func:` schema strings of the emulated
+operators (every overload), parses each into its argument list and writes
+`vllm_npu_ext/testing/torch_npu_schemas.json` together with the wheel's name and version.
+
+    python scripts/extract_torch_npu_schemas.py path/to/torch_npu-2.14.0-...whl
+    python scripts/extract_torch_npu_schemas.py --download 2.14.0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+import yaml
+
+YAML_PATH = "torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml"
+DEFAULT_OUTPUT = (
+    Path(__file__).resolve().parent.parent / "vllm_npu_ext" / "testing" / "torch_npu_schemas.json"
+)
+OPERATORS = (
+    "npu_fused_infer_attention_score",
+    "npu_fusion_attention",
+    "npu_rms_norm",
+    "npu_add_rms_norm",
+    "npu_rotary_mul",
+    "npu_swiglu",
+    "npu_grouped_matmul",
+    "npu_linear",
+    "npu_attention_update",
+)
+_SCHEMA = re.compile(
+    r"^(?P<name>[A-Za-z_]\w*)(?:\.(?P<overload>\w+))?\((?P<args>.*)\)\s*->\s*(?P<ret>.+)$"
+)
+
+
+def split_top_level(text: str) -> list[str]:
+    """Split `text` on commas that are not inside (), [] or quotes."""
+    parts, depth, quote, current = [], 0, None, []
+    for char in text:
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "([":
+            depth += 1
+        elif char in ")]":
+            depth -= 1
+        elif char == "," and depth == 0:
+            parts.append("".join(current).strip())
+            current = []
+            continue
+        current.append(char)
+    tail = "".join(current).strip()
+    return parts + [tail] if tail else parts
+
+
+def parse_default(text: str):
+    """A schema default (`None`, `1.`, `"BSH"`, `'half'`, `False`, `[]`) as a JSON value."""
+    if text in ("None", "True", "False"):
+        return {"None": None, "True": True, "False": False}[text]
+    if text[:1] in "'\"" and text[-1:] == text[:1]:
+        return text[1:-1]
+    if text.startswith("[") and text.endswith("]"):
+        return [parse_default(item) for item in split_top_level(text[1:-1])]
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"unsupported schema default {text!r}") from None
+
+
+def parse_argument(text: str, keyword_only: bool) -> dict:
+    """One `Type name=default` schema argument as a dict."""
+    declaration, has_default, default_text = text.partition("=")
+    arg_type, _, name = declaration.strip().rpartition(" ")
+    if not arg_type or not name:
+        raise ValueError(f"cannot parse schema argument {text!r}")
+    return {
+        "name": name,
+        "type": arg_type,
+        "optional": arg_type.endswith("?"),
+        "has_default": bool(has_default),
+        "default": parse_default(default_text.strip()) if has_default else None,
+        "keyword_only": keyword_only,
+    }
+
+
+def parse_schema(schema: str) -> dict:
+    """Parse `name.overload(args) -> returns` into name, overload, arguments and returns."""
+    match = _SCHEMA.match(schema.strip())
+    if match is None:
+        raise ValueError(f"not an operator schema: {schema!r}")
+    arguments, keyword_only = [], False
+    for part in split_top_level(match["args"]):
+        if part == "*":
+            keyword_only = True
+            continue
+        arguments.append(parse_argument(part, keyword_only))
+    return {
+        "name": match["name"],
+        "overload": match["overload"] or "",
+        "schema": schema.strip(),
+        "arguments": arguments,
+        "returns": match["ret"].strip(),
+    }
+
+
+def collect_schemas(yaml_text: str, operators=OPERATORS) -> dict[str, list[dict]]:
+    """Every overload of `operators` in the codegen YAML, with the sections listing it."""
+    found: dict[str, dict[str, dict]] = {name: {} for name in operators}
+    for section, entries in yaml.safe_load(yaml_text).items():
+        if not isinstance(entries, list):
+            continue
+        for entry in entries:
+            func = entry.get("func") if isinstance(entry, dict) else None
+            match = _SCHEMA.match(func.strip()) if func else None
+            if match is None or match["name"] not in found:
+                continue
+            parsed = parse_schema(func)
+            known = found[parsed["name"]].setdefault(parsed["schema"], {**parsed, "sections": []})
+            known["sections"].append(section)
+    missing = [name for name, schemas in found.items() if not schemas]
+    if missing:
+        raise ValueError(f"operators missing from the schema YAML: {missing}")
+    return {name: list(schemas.values()) for name, schemas in found.items()}
+
+
+def wheel_version(wheel: zipfile.ZipFile) -> str:
+    """The `Version:` field of the wheel's METADATA."""
+    for member in wheel.namelist():
+        if member.endswith(".dist-info/METADATA"):
+            for line in wheel.read(member).decode("utf-8").splitlines():
+                if line.startswith("Version:"):
+                    return line.split(":", 1)[1].strip()
+    raise ValueError("wheel has no dist-info METADATA with a Version field")
+
+
+def extract(wheel_path: Path) -> dict:
+    """The schema document for `wheel_path` (what gets written as JSON)."""
+    with zipfile.ZipFile(wheel_path) as wheel:
+        yaml_text = wheel.read(YAML_PATH).decode("utf-8")
+        version = wheel_version(wheel)
+    return {
+        "source_wheel": wheel_path.name,
+        "torch_npu_version": version,
+        "yaml_path": YAML_PATH,
+        "operators": collect_schemas(yaml_text),
+    }
+
+
+def download(version: str, directory: Path) -> Path:
+    """`pip download` the torch-npu wheel (no dependencies, nothing installed)."""
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+         "--python-version", "3.11", "--platform", "manylinux_2_28_x86_64",
+         "--dest", str(directory), f"torch-npu=={version}"],
+        check=True,
+    )
+    wheels = sorted(directory.glob("torch_npu-*.whl"))
+    if not wheels:
+        raise FileNotFoundError(f"pip download left no torch_npu wheel in {directory}")
+    return wheels[0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("wheel", nargs="?", type=Path, help="a torch_npu wheel file")
+    source.add_argument("--download", metavar="VERSION", help="pip download torch-npu==VERSION")
+    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        wheel = download(args.download, Path(tmp)) if args.download else args.wheel
+        document = extract(wheel)
+    args.output.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+    counts = {name: len(schemas) for name, schemas in document["operators"].items()}
+    print(f"wrote {args.output} (torch-npu {document['torch_npu_version']}): {counts}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,374 @@
+"""Contracts of the strict torch_npu emulator: schema binding, rejection rules, call counting,
+installation, and the schema extraction script. Numeric checks live in
+test_torch_npu_emulator_math.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from vllm_npu_ext.ops import dispatch
+from vllm_npu_ext.testing import torch_npu_emulator as emu
+from vllm_npu_ext.testing.torch_npu_emulator import _schema
+
+ROOT = Path(__file__).resolve().parent.parent
+WHEEL = Path("/work/refsrc/torch_npu-2.14.0-cp311-cp311-manylinux_2_28_x86_64.whl")
+MASK = torch.triu(torch.ones(2048, 2048, dtype=torch.bool), diagonal=1)
+BF16 = torch.bfloat16
+
+
+def _load_extractor():
+    spec = importlib.util.spec_from_file_location(
+        "extract_torch_npu_schemas", ROOT / "scripts" / "extract_torch_npu_schemas.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+extractor = _load_extractor()
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+def rand(*shape, dtype=BF16):
+    return torch.randn(*shape).to(dtype)
+
+
+def fia(**changes):
+    """A valid TND causal GQA FIA call (T=7, N=4, N_kv=2, D=16) with `changes` applied."""
+    kwargs = dict(
+        query=rand(7, 4, 16), key=rand(7, 2, 16), value=rand(7, 2, 16), atten_mask=MASK,
+        actual_seq_lengths=[3, 7], actual_seq_lengths_kv=[3, 7], num_heads=4,
+        num_key_value_heads=2, scale=0.25, input_layout="TND", sparse_mode=3,
+    )
+    return lambda: emu.npu_fused_infer_attention_score(**{**kwargs, **changes})
+
+
+def fa(**changes):
+    """A valid TND causal GQA npu_fusion_attention call with `changes` applied."""
+    kwargs = dict(
+        query=rand(7, 4, 16), key=rand(7, 2, 16), value=rand(7, 2, 16), head_num=4,
+        input_layout="TND", atten_mask=MASK, scale=0.25, actual_seq_qlen=[3, 7],
+        actual_seq_kvlen=[3, 7], sparse_mode=3,
+    )
+    return lambda: emu.npu_fusion_attention(**{**kwargs, **changes})
+
+
+def rotary(**changes):
+    kwargs = dict(self=rand(1, 5, 2, 8), r1=rand(1, 5, 1, 8).clamp(-1, 1),
+                  r2=rand(1, 5, 1, 8).clamp(-1, 1))
+    kwargs.update(changes)
+    x = kwargs.pop("self")
+    return lambda: emu.npu_rotary_mul(x, **kwargs)
+
+
+def gmm(x=None, weight=None, **kwargs):
+    x = [rand(3, 8), rand(2, 8)] if x is None else x
+    weight = [rand(8, 5), rand(8, 6)] if weight is None else weight
+    kwargs.setdefault("group_type", -1)
+    return lambda: emu.npu_grouped_matmul(x, weight, **kwargs)
+
+
+def update(lse=None, out=None, update_type=0):
+    lse = [torch.randn(6), torch.randn(6)] if lse is None else lse
+    out = [rand(6, 16), rand(6, 16)] if out is None else out
+    return lambda: emu.npu_attention_update(lse, out, update_type)
+
+
+VALID_CALLS = {
+    "fia": fia(), "fa": fa(), "rotary": rotary(), "gmm": gmm(), "update": update(),
+    "rms_norm": lambda: emu.npu_rms_norm(rand(3, 8), rand(8)),
+    "add_rms_norm": lambda: emu.npu_add_rms_norm(rand(3, 8), rand(3, 8), rand(8)),
+    "swiglu": lambda: emu.npu_swiglu(rand(3, 8)),
+    "linear": lambda: emu.npu_linear(rand(3, 8), rand(5, 8), rand(5)),
+}
+
+REJECTIONS = [
+    # npu_fused_infer_attention_score
+    ("fia unknown layout", fia(input_layout="THD"), ValueError, "input_layout"),
+    ("fia layout not emulated", fia(input_layout="BNSD_BSND"), NotImplementedError, "BNSD_BSND"),
+    ("fia lengths as tensor", fia(actual_seq_lengths=torch.tensor([3, 7])), TypeError,
+     "device-to-host sync"),
+    ("fia lengths not cumulative", fia(actual_seq_lengths=[5, 3, 7]), ValueError, "cumulative"),
+    ("fia kv lengths not cumulative", fia(actual_seq_lengths_kv=[4, 2, 7]), ValueError,
+     "actual_seq_lengths_kv"),
+    ("fia last length != T", fia(actual_seq_lengths=[3, 6]), ValueError, r"last entry == T"),
+    ("fia lengths missing", fia(actual_seq_lengths=None), ValueError, "required"),
+    ("fia batch counts differ", fia(actual_seq_lengths_kv=[1, 3, 7]), ValueError, "entries"),
+    ("fia num_heads mismatch", fia(num_heads=2, num_key_value_heads=1), ValueError, "heads"),
+    ("fia heads do not divide", fia(num_key_value_heads=3), ValueError, "not divisible"),
+    ("fia GQA ratio > 64", fia(num_heads=130, num_key_value_heads=2), ValueError, "exceeds 64"),
+    ("fia key heads mismatch", fia(key=rand(7, 4, 16), value=rand(7, 4, 16)), ValueError,
+     "'key' has 4 heads"),
+    ("fia sparse 3 without mask", fia(atten_mask=None), ValueError, "needs atten_mask"),
+    ("fia mask wrong shape", fia(atten_mask=MASK[:1024, :1024]), ValueError, "shape"),
+    ("fia mask lower triangle", fia(atten_mask=MASK.T.contiguous()), ValueError, "compressed"),
+    ("fia mask float", fia(atten_mask=MASK.half()), TypeError, "atten_mask"),
+    ("fia scale left at 1.0", fia(scale=1.0), ValueError, "scale"),
+    ("fia sparse mode not emulated", fia(sparse_mode=2), NotImplementedError, "sparse_mode=2"),
+    ("fia sparse mode invalid", fia(sparse_mode=7), ValueError, "sparse_mode"),
+    ("fia mask with sparse 0", fia(sparse_mode=0), NotImplementedError, "sparse_mode=0"),
+    ("fia float32", fia(query=rand(7, 4, 16, dtype=torch.float32)), TypeError, "dtype"),
+    ("fia mixed dtypes", fia(key=rand(7, 2, 16, dtype=torch.float16)), TypeError, "one dtype"),
+    ("fia non-contiguous", fia(query=rand(4, 7, 16).transpose(0, 1)), ValueError, "contiguous"),
+    ("fia head_dim not 16-aligned", fia(query=rand(7, 4, 24), key=rand(7, 2, 24),
+     value=rand(7, 2, 24)), ValueError, "multiple of 16"),
+    ("fia query row sees no key", fia(actual_seq_lengths_kv=[1, 7]), ValueError, "see no key"),
+    ("fia paged KV not emulated", fia(block_table=torch.zeros(2, 1, dtype=torch.int32)),
+     NotImplementedError, "block_table"),
+    ("fia off the CPU", fia(query=torch.empty(7, 4, 16, dtype=BF16, device="meta")), ValueError,
+     "CPU"),
+    # npu_fusion_attention
+    ("fa sparse 3 without mask", fa(atten_mask=None), ValueError, "needs atten_mask"),
+    ("fa sparse 2 without mask", fa(sparse_mode=2, atten_mask=None), ValueError, "full attention"),
+    ("fa lengths as tensor", fa(actual_seq_qlen=torch.tensor([3, 7])), TypeError, "int"),
+    ("fa last length != T", fa(actual_seq_kvlen=[3, 8]), ValueError, "last entry"),
+    ("fa trailing zero batches", fa(actual_seq_qlen=[3, 7, 0], actual_seq_kvlen=[3, 7, 0]),
+     NotImplementedError, "trailing zeros"),
+    ("fa padding_mask", fa(padding_mask=rand(7, 7)), ValueError, "padding_mask"),
+    ("fa dropout", fa(keep_prob=0.9), NotImplementedError, "dropout"),
+    ("fa keep_prob 0", fa(keep_prob=0.0), ValueError, "keep_prob"),
+    ("fa heads do not divide", fa(head_num=4, key=rand(7, 3, 16), value=rand(7, 3, 16)),
+     ValueError, "multiple"),
+    ("fa scale left at 1.0", fa(scale=1.0), ValueError, "scale"),
+    ("fa softmax_layout without TND", fa(softmax_layout="BSND"), ValueError, "softmax_layout"),
+    ("fa uint8 mask wrong shape", fa(atten_mask=MASK.to(torch.uint8)[None]), ValueError, "shape"),
+    # npu_rotary_mul
+    ("rotary 3-D input", rotary(self=rand(5, 2, 8)), ValueError, "4 dimensions"),
+    ("rotary mode", rotary(rotary_mode="full"), ValueError, "rotary_mode"),
+    ("rotary odd head_dim", rotary(self=rand(1, 5, 2, 7), r1=rand(1, 5, 1, 7).clamp(-1, 1),
+     r2=rand(1, 5, 1, 7).clamp(-1, 1)), ValueError, "even"),
+    ("rotary undocumented broadcast", rotary(self=rand(2, 5, 2, 8), r1=rand(1, 1, 1, 8).clamp(
+        -1, 1)), ValueError, "documented broadcast"),
+    ("rotary cos out of range", rotary(r2=torch.full((1, 5, 1, 8), 2.0, dtype=BF16)), ValueError,
+     r"\[-1, 1\]"),
+    ("rotary int input", rotary(self=torch.ones(1, 5, 2, 8, dtype=torch.int32)), TypeError,
+     "dtype"),
+    # norms and swiglu
+    ("rms_norm 1-D input", lambda: emu.npu_rms_norm(rand(8), rand(8)), ValueError, "dimensions"),
+    ("rms_norm gamma shape", lambda: emu.npu_rms_norm(rand(3, 8), rand(4)), ValueError, "gamma"),
+    ("rms_norm gamma dtype", lambda: emu.npu_rms_norm(rand(3, 8), torch.ones(8)), TypeError,
+     "one dtype"),
+    ("rms_norm float64", lambda: emu.npu_rms_norm(torch.ones(3, 8, dtype=torch.float64),
+     torch.ones(8, dtype=torch.float64)), TypeError, "dtype"),
+    ("add_rms_norm shapes", lambda: emu.npu_add_rms_norm(rand(3, 8), rand(2, 8), rand(8)),
+     ValueError, "one shape"),
+    ("swiglu odd size", lambda: emu.npu_swiglu(rand(3, 7)), ValueError, "even"),
+    ("swiglu dim out of range", lambda: emu.npu_swiglu(rand(3, 8), dim=2), ValueError, "dim"),
+    # npu_grouped_matmul
+    ("gmm bare tensor x", gmm(x=rand(3, 8), weight=[rand(8, 5)]), TypeError, "list"),
+    ("gmm F.linear weight layout", gmm(weight=[rand(5, 8), rand(6, 8)]), ValueError,
+     r"pre-transposed \[K, N\]"),
+    ("gmm group_type None", gmm(group_type=None), ValueError, "group_type"),
+    ("gmm split_item for -1", gmm(split_item=2), ValueError, "split_item"),
+    ("gmm List overload", gmm(group_list=[3, 5], group_type=None), NotImplementedError, "List"),
+    ("gmm bf16 bias must be fp32", gmm(bias=[rand(5), rand(6)]), TypeError, "bias"),
+    ("gmm activation", gmm(act_type=1), NotImplementedError, "act_type"),
+    ("gmm quantisation", gmm(scale=[torch.ones(5)]), NotImplementedError, "scale"),
+    ("gmm group_list sum", gmm(x=[rand(5, 8)], weight=[rand(2, 8, 4)], group_type=0,
+     split_item=2, group_list=torch.tensor([2, 4])), ValueError, "group_list"),
+    # npu_linear
+    ("linear 3-D input", lambda: emu.npu_linear(rand(2, 3, 8), rand(5, 8)), ValueError,
+     "dimensions"),
+    ("linear [K, N] weight", lambda: emu.npu_linear(rand(3, 8), rand(8, 5)), ValueError,
+     r"\[N, K\]"),
+    ("linear int8", lambda: emu.npu_linear(torch.ones(3, 8, dtype=torch.int8),
+     torch.ones(5, 8, dtype=torch.int8)), NotImplementedError, "integer"),
+    # npu_attention_update
+    ("update bare tensors", lambda: emu.npu_attention_update(torch.zeros(2, 6), rand(2, 6, 16),
+     0), TypeError, "list"),
+    ("update sp > 16", update(lse=[torch.zeros(6)] * 17, out=[rand(6, 16)] * 17), ValueError,
+     "1..16"),
+    ("update head_dim not 8k", update(out=[rand(6, 12), rand(6, 12)]), ValueError, "multiple of 8"),
+    ("update head_dim > 512", update(out=[rand(6, 520), rand(6, 520)]), ValueError, "8..512"),
+    ("update lse float16", update(lse=[torch.zeros(6, dtype=torch.float16)] * 2), TypeError,
+     "float32"),
+    ("update N differs", update(lse=[torch.zeros(6), torch.zeros(5)]), ValueError, "one N"),
+    ("update out dtypes differ", update(out=[rand(6, 16), rand(6, 16, dtype=torch.float16)]),
+     TypeError, "dtype"),
+    ("update update_type", update(update_type=2), ValueError, "update_type"),
+]
+
+
+@pytest.mark.parametrize("name", sorted(VALID_CALLS))
+def test_base_calls_are_accepted(name):
+    result = VALID_CALLS[name]()
+    assert result is not None
+
+
+@pytest.mark.parametrize(("thunk", "error", "match"), [case[1:] for case in REJECTIONS],
+                         ids=[case[0] for case in REJECTIONS])
+def test_contract_violation_raises_clear_error(thunk, error, match):
+    with pytest.raises(error, match=match):
+        thunk()
+
+
+@pytest.mark.parametrize(("call", "match"), [
+    (lambda: emu.npu_rms_norm(rand(3, 8), rand(8), eps=1e-6), "unexpected keyword argument 'eps'"),
+    (lambda: emu.npu_rms_norm(rand(3, 8)), "missing required argument 'gamma'"),
+    (lambda: emu.npu_rms_norm(rand(3, 8), rand(8), 1e-6, 1), "positional"),
+    (lambda: emu.npu_fused_infer_attention_score(rand(7, 4, 16), rand(7, 2, 16), rand(7, 2, 16),
+                                                 MASK), "keyword-only"),
+    (lambda: emu.npu_swiglu(rand(3, 8), -1, dim=-1), "multiple values for argument 'dim'"),
+    (lambda: emu.npu_swiglu(rand(3, 8), dim=1.0), "must be int"),
+    (lambda: emu.npu_swiglu(rand(3, 8), dim=True), "must be int"),
+    (lambda: emu.npu_linear(torch.ones(3, 8).numpy(), rand(5, 8)), "must be Tensor"),
+    (lambda: emu.npu_fusion_attention(rand(7, 4, 16), rand(7, 2, 16), rand(7, 2, 16), 4, "TND",
+                                      pre_tokens=0), "unexpected keyword argument 'pre_tokens'"),
+])
+def test_schema_binding_rejects_bad_calls(call, match):
+    with pytest.raises(TypeError, match=match):
+        call()
+
+
+def test_schema_defaults_and_positional_arguments_bind():
+    call = _schema.bind("npu_fusion_attention", (rand(1), rand(1), rand(1), 4, "TND"), {})
+    assert call.arguments["scale"] == 1.0 and call.arguments["pre_tockens"] == 2147483647
+    assert call.arguments["softmax_layout"] == "" and call.overload == ""
+    fia_call = _schema.bind("npu_fused_infer_attention_score", (rand(1),) * 3, {})
+    assert fia_call.num_heads == 1 and fia_call.input_layout == "BSH"
+    assert fia_call.num_key_value_heads == 0 and fia_call.softmax_lse_flag is False
+
+
+def test_binding_follows_the_schema_data(monkeypatch):
+    document = json.loads(_schema.SCHEMA_FILE.read_text())
+    document["operators"]["npu_swiglu"][0]["arguments"][1]["name"] = "axis"
+    monkeypatch.setattr(_schema, "schema_document", lambda: document)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'dim'"):
+        emu.npu_swiglu(rand(3, 8), dim=-1)
+
+
+def test_calls_are_counted_per_operator():
+    emu.reset_counts()
+    emu.npu_swiglu(rand(3, 8))
+    emu.npu_swiglu(rand(3, 8))
+    emu.npu_rms_norm(rand(3, 8), rand(8))
+    with pytest.raises(ValueError):
+        emu.npu_swiglu(rand(3, 7))
+    assert emu.calls == {"npu_swiglu": 3, "npu_rms_norm": 1}
+    emu.reset_counts()
+    assert sum(emu.calls.values()) == 0
+
+
+class _RecordInside(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.seen.append(emu.inside_operator())
+        return func(*args, **(kwargs or {}))
+
+
+def test_inside_operator_marks_only_the_emulators_own_aten_ops():
+    x, gamma = rand(3, 8), rand(8)
+    with _RecordInside() as mode:
+        emu.npu_rms_norm(x, gamma)
+    inside = mode.seen
+    with _RecordInside() as mode:
+        torch.add(x, x)
+    assert inside and all(inside)
+    assert mode.seen == [False] and not emu.inside_operator()
+
+
+def test_corrupted_perturbs_one_operator_while_active():
+    x, weight = rand(3, 8), rand(5, 8)
+    clean, linear = emu.npu_swiglu(x), emu.npu_linear(x, weight)
+    with emu.corrupted("npu_swiglu", lambda y: y + 1):
+        assert torch.equal(emu.npu_swiglu(x), clean + 1)
+        assert torch.equal(emu.npu_linear(x, weight), linear)
+    assert torch.equal(emu.npu_swiglu(x), clean)
+    with pytest.raises(ValueError, match="unknown operator"), emu.corrupted("npu_nope", abs):
+        pass
+
+
+def test_install_and_uninstall_restore_sys_modules():
+    sentinel = object()
+    saved = sys.modules.get("torch_npu")
+    sys.modules["torch_npu"] = sentinel
+    try:
+        with emu.emulated() as module:
+            assert sys.modules["torch_npu"] is module and dispatch.emulator() is module
+            assert module.__vllm_npu_ext_emulator__ is True
+            assert dispatch.npu_ops(torch.zeros(1)).npu_rms_norm is emu.npu_rms_norm
+        assert sys.modules["torch_npu"] is sentinel and dispatch.emulator() is None
+        del sys.modules["torch_npu"]
+        emu.install()
+        emu.uninstall()
+        assert "torch_npu" not in sys.modules
+        with pytest.raises(RuntimeError, match="without a matching install"):
+            emu.uninstall()
+    finally:
+        sys.modules.pop("torch_npu", None)
+        if saved is not None:
+            sys.modules["torch_npu"] = saved
+
+
+SNIPPET = """\
+custom:
+- func: npu_swiglu(Tensor self, int dim=-1) -> Tensor
+  impl_ns: op_api
+- func: npu_other(Tensor self, Reduction r=Mean) -> Tensor
+- func: npu_gmm(Tensor[] x, Tensor[] weight, *, Tensor[]? bias=None, int? split_item=0) -> Tensor[]
+- func: npu_gmm.List(Tensor[] x, *, int[]? group_list=None, str mode="BSH") -> Tensor[]
+symint:
+- func: npu_swiglu(Tensor self, int dim=-1) -> Tensor
+"""
+
+
+def test_extractor_parses_schemas_from_a_yaml_snippet():
+    found = extractor.collect_schemas(SNIPPET, operators=("npu_swiglu", "npu_gmm"))
+    assert [s["sections"] for s in found["npu_swiglu"]] == [["custom", "symint"]]
+    swiglu_dim = found["npu_swiglu"][0]["arguments"][1]
+    assert swiglu_dim == {"name": "dim", "type": "int", "optional": False, "has_default": True,
+                          "default": -1, "keyword_only": False}
+    base, listed = found["npu_gmm"]
+    assert (base["overload"], listed["overload"]) == ("", "List")
+    assert [a["keyword_only"] for a in base["arguments"]] == [False, False, True, True]
+    assert base["arguments"][2]["optional"] and base["arguments"][2]["default"] is None
+    assert listed["arguments"][2]["default"] == "BSH" and base["returns"] == "Tensor[]"
+    with pytest.raises(ValueError, match="missing"):
+        extractor.collect_schemas(SNIPPET, operators=("npu_absent",))
+
+
+def test_extractor_writes_json_from_a_wheel(tmp_path):
+    wheel = tmp_path / "torch_npu-9.9.9-cp311-cp311-linux_x86_64.whl"
+    operators = {name: f"{name}(Tensor self, float eps=1e-06) -> Tensor"
+                 for name in extractor.OPERATORS}
+    yaml_text = "custom:\n" + "".join(f"- func: {f}\n" for f in operators.values())
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr(extractor.YAML_PATH, yaml_text)
+        archive.writestr("torch_npu-9.9.9.dist-info/METADATA", "Name: torch-npu\nVersion: 9.9.9\n")
+    output = tmp_path / "schemas.json"
+    assert extractor.main([str(wheel), "--output", str(output)]) == 0
+    document = json.loads(output.read_text())
+    assert document["torch_npu_version"] == "9.9.9" and document["source_wheel"] == wheel.name
+    assert document["operators"]["npu_linear"][0]["arguments"][1]["default"] == 1e-06
+
+
+def test_committed_schemas_come_from_torch_npu_2_14_and_cover_every_operator():
+    document = _schema.schema_document()
+    assert document["torch_npu_version"] == "2.14.0"
+    assert document["source_wheel"] == WHEEL.name
+    assert set(document["operators"]) == set(extractor.OPERATORS) == set(emu.OPERATORS)
+    if WHEEL.exists():
+        assert extractor.extract(WHEEL) == document
+    for schemas in document["operators"].values():
+        for schema in schemas:
+            reparsed = extractor.parse_schema(schema["schema"])
+            assert reparsed["arguments"] == schema["arguments"]
+    fia_args = {a["name"]: a for a in document["operators"]["npu_fused_infer_attention_score"][0][
+        "arguments"]}
+    assert fia_args["actual_seq_lengths"]["type"] == "SymInt[]?"
+    assert fia_args["scale"]["default"] == 1.0 and fia_args["scale"]["keyword_only"]

@@ -1,0 +1,71 @@
+"""A strict torch_npu stand-in for tests and tools (production code never imports it).
+
+Emulates the torch_npu 2.14 operators the project calls. Each call is bound against the
+operator's schema extracted from the torch-npu wheel (`torch_npu_schemas.json`), checked
+against the documented contract (layouts, cumulative host-side sequence lengths, head counts,
+masks, dtypes, shapes), then computed in float32 PyTorch and returned in the input dtype.
+Calls the real operator would reject or silently mis-handle raise ValueError/TypeError;
+documented features the emulator does not implement raise NotImplementedError.
+
+    with torch_npu_emulator.emulated():      # sys.modules["torch_npu"] is the emulator
+        ...                                  # vllm_npu_ext.ops.dispatch now takes NPU paths
+    torch_npu_emulator.calls["npu_rms_norm"] # calls per operator
+
+Tensors must live on the CPU, which stands in for the NPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+from types import ModuleType
+
+from ._runtime import OPERATORS, calls, corrupted, inside_operator, reset_counts
+from ._schema import schema_document
+from .attention import npu_fused_infer_attention_score, npu_fusion_attention
+from .attention_update import npu_attention_update
+from .matmul import npu_grouped_matmul, npu_linear
+from .norm import npu_add_rms_norm, npu_rms_norm
+from .pointwise import npu_rotary_mul, npu_swiglu
+
+__vllm_npu_ext_emulator__ = True
+
+__all__ = [
+    "OPERATORS", "calls", "corrupted", "emulated", "inside_operator", "install", "reset_counts",
+    "schema_document", "uninstall", "npu_add_rms_norm", "npu_attention_update",
+    "npu_fused_infer_attention_score", "npu_fusion_attention", "npu_grouped_matmul",
+    "npu_linear", "npu_rms_norm", "npu_rotary_mul", "npu_swiglu",
+]
+
+_MISSING = object()
+_previous: list[object] = []
+
+
+def install() -> ModuleType:
+    """Make this module `sys.modules["torch_npu"]` (remembering what was there); return it."""
+    module = sys.modules[__name__]
+    _previous.append(sys.modules.get("torch_npu", _MISSING))
+    sys.modules["torch_npu"] = module
+    return module
+
+
+def uninstall() -> None:
+    """Restore the `sys.modules["torch_npu"]` entry the matching install() replaced."""
+    if not _previous:
+        raise RuntimeError("torch_npu_emulator.uninstall() without a matching install()")
+    previous = _previous.pop()
+    if previous is _MISSING:
+        sys.modules.pop("torch_npu", None)
+    else:
+        sys.modules["torch_npu"] = previous
+
+
+@contextlib.contextmanager
+def emulated() -> Iterator[ModuleType]:
+    """install() for the duration of a `with` block, then uninstall()."""
+    module = install()
+    try:
+        yield module
+    finally:
+        uninstall()

@@ -1,0 +1,165 @@
+"""Binding Python calls against the torch_npu operator schemas kept in `torch_npu_schemas.json`.
+
+The JSON is extracted from the torch-npu wheel by `scripts/extract_torch_npu_schemas.py`, so
+the emulator's signatures (argument order, keyword-only arguments, defaults, types) follow the
+real operators as data: when the schema changes, binding changes with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SCHEMA_FILE = Path(__file__).resolve().parent.parent / "torch_npu_schemas.json"
+
+
+@functools.cache
+def schema_document() -> dict:
+    """The parsed `torch_npu_schemas.json` (source wheel, version, operators)."""
+    return json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
+
+
+def overloads(op: str) -> list[dict]:
+    """Every schema overload of `op`, the default overload ("") first."""
+    try:
+        found = schema_document()["operators"][op]
+    except KeyError:
+        raise KeyError(f"{op} has no schema in {SCHEMA_FILE.name}") from None
+    return sorted(found, key=lambda schema: schema["overload"] != "")
+
+
+@dataclasses.dataclass
+class BoundCall:
+    """A call bound to one schema overload: every argument by name, defaults filled in."""
+
+    op: str
+    overload: str
+    arguments: dict[str, Any]
+    defaults: dict[str, Any]
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.__dict__["arguments"][name]
+        except KeyError:
+            raise AttributeError(f"{self.op} has no argument {name!r}") from None
+
+    def require_defaults(self, handled: set[str]) -> None:
+        """NotImplementedError naming every argument outside `handled` that is not its default."""
+        changed = [
+            name for name, value in self.arguments.items()
+            if name not in handled and not _same(value, self.defaults.get(name))
+        ]
+        if changed:
+            raise NotImplementedError(
+                f"{self.op}: argument(s) {changed} are not emulated; leave them at their "
+                "schema defaults"
+            )
+
+
+def _same(value: Any, default: Any) -> bool:
+    if isinstance(value, torch.Tensor) or isinstance(default, torch.Tensor):
+        return False
+    return value == default
+
+
+def bind(op: str, args: tuple, kwargs: dict) -> BoundCall:
+    """Bind a Python call to the first overload of `op` that accepts it, or raise TypeError."""
+    errors = []
+    for schema in overloads(op):
+        try:
+            return _bind_overload(op, schema, args, kwargs)
+        except TypeError as error:
+            errors.append(str(error))
+    raise TypeError(errors[0] if len(errors) == 1 else " | ".join(errors))
+
+
+def _bind_overload(op: str, schema: dict, args: tuple, kwargs: dict) -> BoundCall:
+    name = op + (f".{schema['overload']}" if schema["overload"] else "")
+    params = schema["arguments"]
+    positional = [p for p in params if not p["keyword_only"]]
+    if len(args) > len(positional):
+        raise TypeError(
+            f"{name}() takes {len(positional)} positional arguments but {len(args)} were given "
+            f"(arguments after '*' are keyword-only): {schema['schema']}"
+        )
+    known = {p["name"] for p in params}
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        raise TypeError(f"{name}() got an unexpected keyword argument {unknown[0]!r}")
+    values = dict(zip((p["name"] for p in positional), args, strict=False))
+    for key, value in kwargs.items():
+        if key in values:
+            raise TypeError(f"{name}() got multiple values for argument {key!r}")
+        values[key] = value
+    arguments = {}
+    for param in params:
+        if param["name"] in values:
+            arguments[param["name"]] = values[param["name"]]
+        elif param["has_default"]:
+            arguments[param["name"]] = param["default"]
+        else:
+            raise TypeError(f"{name}() missing required argument {param['name']!r}")
+        check_type(name, param, arguments[param["name"]])
+    defaults = {p["name"]: p["default"] for p in params if p["has_default"]}
+    return BoundCall(op, schema["overload"], arguments, defaults)
+
+
+def check_type(name: str, param: dict, value: Any) -> None:
+    """TypeError unless `value` is what the schema type of `param` accepts."""
+    schema_type = param["type"]
+    base = schema_type.rstrip("?").split("(")[0]
+    if value is None:
+        if schema_type.endswith("?"):
+            return
+        raise TypeError(f"{name}(): argument {param['name']!r} ({schema_type}) may not be None")
+    if base.endswith("]"):
+        _check_list(name, param, base[: base.index("[")], value)
+    elif not _scalar_ok(base, value):
+        raise TypeError(
+            f"{name}(): argument {param['name']!r} must be {schema_type}, "
+            f"got {type(value).__name__}"
+        )
+
+
+def _check_list(name: str, param: dict, element: str, value: Any) -> None:
+    if isinstance(value, torch.Tensor):
+        hint = (
+            "; a tensor here is a device-to-host sync on real hardware: pass host-side Python ints"
+            if element in ("int", "SymInt") else "; wrap the tensors in a list"
+        )
+        raise TypeError(
+            f"{name}(): argument {param['name']!r} must be a list or tuple ({param['type']}), "
+            f"got torch.Tensor{hint}"
+        )
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(
+            f"{name}(): argument {param['name']!r} must be a list or tuple ({param['type']}), "
+            f"got {type(value).__name__}"
+        )
+    for index, item in enumerate(value):
+        if not _scalar_ok(element, item):
+            raise TypeError(
+                f"{name}(): argument {param['name']!r}[{index}] must be {element}, "
+                f"got {type(item).__name__}"
+            )
+
+
+def _scalar_ok(base: str, value: Any) -> bool:
+    if base == "Tensor":
+        return isinstance(value, torch.Tensor)
+    if base in ("int", "SymInt"):
+        return isinstance(value, int) and not isinstance(value, bool)
+    if base == "float":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if base == "bool":
+        return isinstance(value, bool)
+    if base == "str":
+        return isinstance(value, str)
+    if base == "ScalarType":
+        return isinstance(value, torch.dtype)
+    raise NotImplementedError(f"schema type {base!r} is not supported by the emulator's binder")

@@ -1,0 +1,250 @@
+"""Emulated `npu_fused_infer_attention_score` (FIA) and `npu_fusion_attention` (FA).
+
+Implemented: layouts TND, BSH, BSND, BNSD (FA also SBH); sparse_mode 0 without a mask (full
+attention) and sparse_mode 3 (right-down causal) with the compressed 2048x2048 mask; native
+GQA. Everything else the real operators offer (quantisation, paged KV, padding, prefixes,
+other sparse modes, dropout) raises NotImplementedError rather than computing something else.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._attention_math import (
+    Packed,
+    pack,
+    require_visible_keys,
+    unpack_output,
+    unpack_rows,
+    varlen_attention,
+)
+from ._checks import (
+    FLOAT16_TYPES,
+    FLOAT_TYPES,
+    require_choice,
+    require_compressed_causal_mask,
+    require_contiguous,
+    require_dtype,
+    require_real_scale,
+    require_same_dtype,
+)
+from ._runtime import emulated_operator
+from ._schema import BoundCall
+
+FIA = "npu_fused_infer_attention_score"
+FA = "npu_fusion_attention"
+FIA_LAYOUTS = ("TND", "BSH", "BSND", "BNSD")
+FIA_OTHER_LAYOUTS = (
+    "BNSD_BSND", "NSD", "NTD", "TND_NTD", "NTD_TND", "BSH_BNSD", "BSND_BNSD", "BSH_NBSD",
+    "BSND_NBSD", "BNSD_NBSD",
+)
+FA_LAYOUTS = ("TND", "BSH", "SBH", "BSND", "BNSD")
+FIA_SPARSE_MODES = (0, 1, 2, 3, 4, 9)
+FA_SPARSE_MODES = (0, 1, 2, 3, 4, 5, 6, 7, 8)
+MAX_GQA_RATIO = 64
+MASK_SIDE = 2048
+FIA_HANDLED = {
+    "query", "key", "value", "atten_mask", "actual_seq_lengths", "actual_seq_lengths_kv",
+    "num_heads", "scale", "pre_tokens", "next_tokens", "input_layout", "num_key_value_heads",
+    "sparse_mode", "inner_precise", "softmax_lse_flag",
+}
+FA_HANDLED = {
+    "query", "key", "value", "head_num", "input_layout", "padding_mask", "atten_mask", "scale",
+    "keep_prob", "pre_tockens", "next_tockens", "inner_precise", "actual_seq_qlen",
+    "actual_seq_kvlen", "sparse_mode", "gen_mask_parallel", "sync", "softmax_layout", "seed",
+    "offset",
+}
+
+
+def _require_layout(op: str, layout: str, emulated: tuple[str, ...], other=()) -> None:
+    if layout in other:
+        raise NotImplementedError(f"{op}: input_layout {layout!r} is not emulated; use {emulated}")
+    require_choice(op, "input_layout", layout, emulated)
+
+
+def _kv_heads(op: str, names: tuple[str, str], num_heads: int, num_kv_heads: int) -> int:
+    """Key/value head count (0 means num_heads); must divide num_heads, ratio <= 64."""
+    if num_heads <= 0:
+        raise ValueError(f"{op}: argument {names[0]!r} must be > 0, got {num_heads}")
+    if num_kv_heads < 0:
+        raise ValueError(f"{op}: argument {names[1]!r} must be >= 0, got {num_kv_heads}")
+    num_kv_heads = num_kv_heads or num_heads
+    if num_heads % num_kv_heads:
+        raise ValueError(
+            f"{op}: {names[0]}={num_heads} is not divisible by {names[1]}={num_kv_heads}"
+        )
+    if num_heads // num_kv_heads > MAX_GQA_RATIO:
+        raise ValueError(
+            f"{op}: {names[0]} / {names[1]} = {num_heads // num_kv_heads} exceeds {MAX_GQA_RATIO}"
+        )
+    return num_kv_heads
+
+
+def _require_head_counts(op: str, packed: Packed, heads: tuple[int, int], names) -> None:
+    """The packed tensors' head axes must match the head-count arguments."""
+    for tensor, name, expected, arg in (
+        (packed.query, "query", heads[0], names[0]),
+        (packed.key, "key", heads[1], names[1]),
+        (packed.value, "value", heads[1], names[1]),
+    ):
+        if tensor.shape[1] != expected:
+            raise ValueError(
+                f"{op}: argument {name!r} has {tensor.shape[1]} heads but {arg} says {expected}"
+            )
+
+
+def _causal(op: str, call: BoundCall, modes: tuple[int, ...], mask_dtypes, mask_shapes) -> bool:
+    """Whether the call asks for right-down causal masking (sparse_mode 3); rejects the rest."""
+    mode, mask = call.sparse_mode, call.atten_mask
+    require_choice(op, "sparse_mode", mode, modes)
+    if mode == 3:
+        require_compressed_causal_mask(op, mask, mode, mask_dtypes, mask_shapes)
+        return True
+    if mode == 0 and mask is None:
+        return False
+    if mask is None:
+        raise ValueError(
+            f"{op}: sparse_mode={mode} needs atten_mask (without one npu_fusion_attention "
+            "silently computes full attention and FIA rejects the call)"
+        )
+    raise NotImplementedError(f"{op}: sparse_mode={mode} with an atten_mask is not emulated")
+
+
+@emulated_operator(FIA)
+def npu_fused_infer_attention_score(call: BoundCall) -> tuple[torch.Tensor, torch.Tensor]:
+    """FIA, as torch_npu documents it: softmax(scale * q k^T + mask) v.
+
+    TND: query `[T, N, D]`, key/value `[T_kv, N_kv, D]`, `actual_seq_lengths(_kv)` cumulative
+    Python int lists without a leading 0 (last == T). dtype float16/bfloat16 (float32 is not
+    accepted by the real operator). Returns (out like query, LSE float32 `[T, N, 1]` when
+    softmax_lse_flag, else a float32 `[1]` zero).
+    """
+    call.require_defaults(FIA_HANDLED)
+    _require_layout(FIA, call.input_layout, FIA_LAYOUTS, FIA_OTHER_LAYOUTS)
+    tensors = {"query": call.query, "key": call.key, "value": call.value}
+    require_dtype(FIA, "query", call.query, FLOAT16_TYPES)
+    require_same_dtype(FIA, tensors)
+    require_contiguous(FIA, tensors)
+    require_choice(FIA, "inner_precise", call.inner_precise, (0, 1, 2, 3))
+    names = ("num_heads", "num_key_value_heads")
+    heads = (call.num_heads, _kv_heads(FIA, names, call.num_heads, call.num_key_value_heads))
+    packed = pack(
+        FIA, call.input_layout, (call.query, call.key, call.value), heads,
+        (call.actual_seq_lengths, call.actual_seq_lengths_kv),
+        ("actual_seq_lengths", "actual_seq_lengths_kv"),
+    )
+    _require_head_counts(FIA, packed, heads, names)
+    _require_fia_sizes(packed)
+    require_real_scale(FIA, "scale", call.scale, packed.query.shape[-1])
+    causal = _causal(
+        FIA, call, FIA_SPARSE_MODES, (torch.bool, torch.int8, torch.uint8),
+        ((MASK_SIDE, MASK_SIDE), (1, MASK_SIDE, MASK_SIDE), (1, 1, MASK_SIDE, MASK_SIDE)),
+    )
+    require_visible_keys(FIA, packed, causal)
+    result = varlen_attention(packed, call.scale, causal)
+    out = unpack_output(call.input_layout, result.out.to(call.query.dtype), packed)
+    if not call.softmax_lse_flag:
+        return out, torch.zeros(1, dtype=torch.float32)
+    return out, unpack_rows(call.input_layout, result.lse, packed).unsqueeze(-1)
+
+
+def _require_fia_sizes(packed: Packed) -> None:
+    """Documented limits: N <= 256, D <= 512, D % 16 == 0 when a sequence has > 1 query token."""
+    heads, head_dim = packed.query.shape[1], packed.query.shape[-1]
+    if heads > 256:
+        raise ValueError(f"{FIA}: query has {heads} heads; the operator supports at most 256")
+    if packed.key.shape[-1] != head_dim or packed.value.shape[-1] != head_dim:
+        raise ValueError(f"{FIA}: query, key and value must share head_dim {head_dim}")
+    if head_dim > 512:
+        raise ValueError(f"{FIA}: head_dim {head_dim} exceeds the operator's limit of 512")
+    if max(packed.query_lens, default=0) > 1 and head_dim % 16:
+        raise ValueError(
+            f"{FIA}: head_dim {head_dim} must be a multiple of 16 for float16/bfloat16 inputs "
+            "when a sequence has more than one query token"
+        )
+
+
+@emulated_operator(FA)
+def npu_fusion_attention(call: BoundCall) -> tuple:
+    """FA, as torch_npu documents it: softmax(mask(scale * q k^T)) v, without dropout.
+
+    Returns the documented 7-tuple (out like query, softmax_max, softmax_sum, softmax_out,
+    seed, offset, numels). TND softmax statistics are `[T, N, 8]` float32 with
+    softmax_layout="TND"; the default "" layout's arrangement is not documented, so the
+    emulator returns NaN there. Other layouts: `[B, N, S, 8]`.
+    """
+    call.require_defaults(FA_HANDLED)
+    layout = call.input_layout
+    _require_layout(FA, layout, FA_LAYOUTS)
+    _require_fa_options(call)
+    tensors = {"query": call.query, "key": call.key, "value": call.value}
+    require_dtype(FA, "query", call.query, FLOAT_TYPES)
+    require_same_dtype(FA, tensors)
+    if call.key.shape != call.value.shape:
+        raise ValueError(f"{FA}: key and value must have the same shape")
+    names = ("head_num", "key/value heads")
+    heads = (call.head_num, _fa_kv_heads(call))
+    packed = pack(
+        FA, layout, (call.query, call.key, call.value), heads,
+        (call.actual_seq_qlen, call.actual_seq_kvlen), ("actual_seq_qlen", "actual_seq_kvlen"),
+    )
+    _require_head_counts(FA, packed, heads, names)
+    head_dim = packed.query.shape[-1]
+    if not 1 <= head_dim <= 768 or packed.key.shape[-1] != head_dim:
+        raise ValueError(f"{FA}: query and key head_dim must match and lie in 1..768")
+    require_real_scale(FA, "scale", call.scale, head_dim)
+    mask_shapes = ((MASK_SIDE, MASK_SIDE),)
+    causal = _causal(FA, call, FA_SPARSE_MODES, (torch.bool, torch.uint8), mask_shapes)
+    require_visible_keys(FA, packed, causal)
+    result = varlen_attention(packed, call.scale, causal)
+    out = unpack_output(layout, result.out.to(call.query.dtype), packed)
+    row_max = _softmax_stat(call, result.row_max, packed)
+    row_sum = _softmax_stat(call, result.row_sum, packed)
+    softmax_out = torch.empty(0, dtype=call.query.dtype)
+    return out, row_max, row_sum, softmax_out, 0, 0, 0
+
+
+def _softmax_stat(call: BoundCall, rows: torch.Tensor, packed: Packed) -> torch.Tensor:
+    """A softmax statistic repeated 8 times on a last axis, as FA returns it."""
+    unpacked = unpack_rows(call.input_layout, rows, packed)
+    stat = unpacked.unsqueeze(-1).expand(*unpacked.shape, 8).contiguous()
+    if call.input_layout == "TND" and call.softmax_layout != "TND":
+        return torch.full_like(stat, float("nan"))
+    return stat
+
+
+def _fa_kv_heads(call: BoundCall) -> int:
+    """FA has no kv-head argument: the count comes from key's head axis."""
+    layout, key, head_num = call.input_layout, call.key, call.head_num
+    if layout in ("TND", "BSND"):
+        kv_heads = key.shape[-2] if key.dim() >= 2 else 0
+    elif layout == "BNSD":
+        kv_heads = key.shape[1] if key.dim() == 4 else 0
+    else:
+        head_dim = call.query.shape[-1] // head_num if head_num > 0 else 0
+        kv_heads = key.shape[-1] // head_dim if head_dim else 0
+    if not 1 <= head_num <= 256:
+        raise ValueError(f"{FA}: argument 'head_num' must lie in 1..256, got {head_num}")
+    if kv_heads == 0 or head_num % kv_heads:
+        raise ValueError(f"{FA}: head_num={head_num} is not a multiple of key's {kv_heads} heads")
+    return kv_heads
+
+
+def _require_fa_options(call: BoundCall) -> None:
+    """padding_mask unsupported, no dropout, documented inner_precise/softmax_layout values."""
+    if call.padding_mask is not None:
+        raise ValueError(f"{FA}: argument 'padding_mask' is not supported by the operator")
+    if not 0.0 < call.keep_prob <= 1.0:
+        raise ValueError(f"{FA}: argument 'keep_prob' must lie in (0, 1], got {call.keep_prob}")
+    if call.keep_prob < 1.0:
+        raise NotImplementedError(f"{FA}: dropout (keep_prob < 1) is not emulated")
+    require_choice(FA, "inner_precise", call.inner_precise, (0, 1, 2))
+    require_choice(FA, "softmax_layout", call.softmax_layout, ("", "TND"))
+    if call.softmax_layout == "TND" and call.input_layout != "TND":
+        raise ValueError(f"{FA}: softmax_layout='TND' is only valid with input_layout='TND'")
+    for name in ("actual_seq_qlen", "actual_seq_kvlen"):
+        lengths = call.arguments[name]
+        if call.input_layout == "TND" and lengths and lengths[-1] == 0 and max(lengths) > 0:
+            raise NotImplementedError(
+                f"{FA}: trailing zeros in {name!r} (batches left out) are not emulated"
+            )
