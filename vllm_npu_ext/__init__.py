@@ -7,15 +7,13 @@ starts: the API server, the engine core, each worker and the model-inspection su
 
 from __future__ import annotations
 
-import logging
 import os
 
 __version__ = "0.1.0"
 
 QWEN3_ARCHITECTURE = "Qwen3ForCausalLM"
-QWEN3_CLASS = "vllm_npu_ext.model_executor.models.qwen3:Qwen3ForCausalLM"
+QWEN3_MODULE = "vllm_npu_ext.model_executor.models.qwen3"
 
-logger = logging.getLogger("vllm_npu_ext")
 _registered_in_pid: int | None = None
 
 
@@ -26,18 +24,22 @@ def register() -> None:
         return
     _registered_in_pid = os.getpid()
 
-    from vllm_npu_ext import bootstrap, envs
+    from vllm_npu_ext import bootstrap, compat, envs
     from vllm_npu_ext.patches import apply_patches
 
+    compat.declare_environment_variables(envs.VARIABLES)
     bootstrap.apply()
     registered = []
     if envs.flag("VLLM_NPU_EXT_MODEL_OVERRIDE"):
         from vllm import ModelRegistry
 
-        ModelRegistry.register_model(QWEN3_ARCHITECTURE, QWEN3_CLASS)
-        registered.append(f"{QWEN3_ARCHITECTURE} -> {QWEN3_CLASS}")
+        model_class = qwen3_class()
+        ModelRegistry.register_model(QWEN3_ARCHITECTURE, model_class)
+        registered.append(f"{QWEN3_ARCHITECTURE} -> {model_class}")
     registered.extend(apply_patches())
-    _log_info(
+    from vllm_npu_ext.logger import get_logger
+
+    get_logger(__name__).info(
         "vllm-npu-ext %s registered in pid %d: %s",
         __version__,
         os.getpid(),
@@ -45,8 +47,10 @@ def register() -> None:
     )
 
 
-def _log_info(msg: str, *args) -> None:
-    # vLLM's logger has handlers in every vLLM process; ours may not.
-    from vllm.logger import init_logger
+def qwen3_class() -> str:
+    """The lazy "module:Class" we register: with or without a KV cache for pooling runs."""
+    from vllm_npu_ext import envs
 
-    init_logger("vllm_npu_ext").info(msg, *args)
+    cache_free = envs.flag("VLLM_NPU_EXT_KV_CACHE_FREE")
+    name = "Qwen3ForCausalLM" if cache_free else "Qwen3KVCacheForCausalLM"
+    return f"{QWEN3_MODULE}:{name}"

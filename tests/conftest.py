@@ -1,0 +1,118 @@
+"""Shared fixtures: tiny checkpoints, in-process engine runs and one real server per session.
+
+A vLLM engine takes tens of seconds to start on 2 cores, so each checkpoint's engine run and
+the HTTP server are session-scoped and shared by every test that needs them.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from vllm_npu_ext.tiny_model import make_tiny_model
+
+TESTS_DIR = Path(__file__).resolve().parent
+
+# Odd lengths on purpose: 1-token inputs, repeated words, digits, punctuation.
+PARITY_TEXTS = [
+    "a",
+    "Hello world, the query!",
+    "The document is long and has many tokens in it; it keeps going for a while 12345.",
+    "x y z",
+    "retrieval " * 17,
+]
+
+# Checkpoint configurations for the parity runs: GQA ratios 1, 2 and 4, tied and untied
+# embeddings, float32 (fused attention through npu_fusion_attention) and bfloat16 (through
+# npu_fused_infer_attention_score).
+ENGINE_CONFIGS: dict[str, dict] = {
+    "gqa2_tied_fp32": {"dtype": "float32", "overrides": {}},
+    "gqa1_untied_fp32": {
+        "dtype": "float32",
+        "overrides": {
+            "num_key_value_heads": 4, "tie_word_embeddings": False, "num_hidden_layers": 3,
+        },
+    },
+    "gqa4_bf16": {
+        "dtype": "bfloat16",
+        "overrides": {"num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64,
+                      "hidden_size": 160, "intermediate_size": 352},
+    },
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    """The NPU tier runs only when selected (`-m npu`); elsewhere it is deselected, not skipped."""
+    if "npu" in (config.getoption("-m") or ""):
+        return
+    deselected = [item for item in items if item.get_closest_marker("npu")]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = [item for item in items if not item.get_closest_marker("npu")]
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("models") / "tiny")
+
+
+class EngineRuns:
+    """Runs `tests/support/engine_worker.py` once per configuration, on first use."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self._results: dict[str, dict] = {}
+
+    def model_dir(self, name: str) -> Path:
+        path = self.root / name
+        if not (path / "model.safetensors").exists():
+            make_tiny_model(path, **ENGINE_CONFIGS[name]["overrides"])
+        return path
+
+    def __getitem__(self, name: str) -> dict:
+        if name not in self._results:
+            out = self.root / f"{name}.pt"
+            command = [
+                sys.executable, str(TESTS_DIR / "support" / "engine_worker.py"),
+                "--model", str(self.model_dir(name)), "--dtype", ENGINE_CONFIGS[name]["dtype"],
+                "--out", str(out), "--texts", json.dumps(PARITY_TEXTS), "--emulate",
+            ]  # fmt: skip
+            done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+            if done.returncode != 0:
+                log = done.stdout[-3000:] + done.stderr[-6000:]
+                raise RuntimeError(f"engine run {name} failed:\n{log}")
+            self._results[name] = {**torch.load(out), "log": done.stdout + done.stderr}
+        return self._results[name]
+
+
+@pytest.fixture(scope="session")
+def engine_runs(tmp_path_factory) -> EngineRuns:
+    return EngineRuns(tmp_path_factory.mktemp("engines"))
+
+
+@pytest.fixture(scope="session")
+def embedding_server(tiny_model_dir, tmp_path_factory):
+    """`vllm-npu-ext serve` on the tiny checkpoint (float32), shared by all HTTP tests."""
+    from support.bootstrap_probe import probe_server_env
+    from support.server import Server
+
+    root = tmp_path_factory.mktemp("server")
+    probe_dir = root / "probe"
+    probe_dir.mkdir()
+    server = Server(
+        [str(tiny_model_dir), "--dtype", "float32", "--max-model-len", "128",
+         "--gpu-memory-utilization", "0.3"],
+        log_path=root / "server.log",
+        env=probe_server_env(probe_dir),
+    )  # fmt: skip
+    server.probe_dir = probe_dir
+    try:
+        server.wait_healthy()
+        yield server
+    finally:
+        server.stop()

