@@ -1,0 +1,50 @@
+"""The built-in checkpoints: deterministic, Qwen3-Embedding-like config and tokenizer."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from vllm_npu_ext.tiny_model import EOS_TOKEN, PRESETS, make_tiny_model
+
+
+def _digests(path):
+    return {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(path.iterdir())}
+
+
+def test_same_arguments_give_identical_files(tmp_path, tiny_model_dir):
+    again = make_tiny_model(tmp_path / "again")
+    assert _digests(again) == _digests(tiny_model_dir)
+    other_seed = make_tiny_model(tmp_path / "seed1", seed=1)
+    assert _digests(other_seed)["model.safetensors"] != _digests(again)["model.safetensors"]
+
+
+def test_tokenizer_appends_eos_and_pads_left(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    ids = tokenizer("Hello world")["input_ids"]
+    assert tokenizer.convert_ids_to_tokens(ids[-1]) == EOS_TOKEN
+    assert tokenizer.padding_side == "left"
+    batch = tokenizer(["a", "a longer text here"], padding=True)
+    assert batch["attention_mask"][0][0] == 0  # padding comes first
+    assert tokenizer.decode(tokenizer("unseen wörds ✓")["input_ids"][:-1]) == "unseen wörds ✓"
+
+
+def test_config_has_qwen3_embedding_layout(tiny_model_dir):
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3ForCausalLM"] and config["model_type"] == "qwen3"
+    assert config["vocab_size"] % 64 == 0
+    shapes = {k: PRESETS["0.6b"][k] for k in ("hidden_size", "num_hidden_layers", "head_dim")}
+    assert shapes == {"hidden_size": 1024, "num_hidden_layers": 28, "head_dim": 128}
+
+
+def test_bad_arguments_raise(tmp_path):
+    with pytest.raises(ValueError, match="preset"):
+        make_tiny_model(tmp_path / "x", preset="7b")
+    with pytest.raises(ValueError, match="unknown config overrides"):
+        make_tiny_model(tmp_path / "x", hidden=3)
+    with pytest.raises(ValueError, match="multiple of num_key_value_heads"):
+        make_tiny_model(tmp_path / "x", num_key_value_heads=3)
