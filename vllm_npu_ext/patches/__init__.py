@@ -1,5 +1,18 @@
-"""Patches of other packages, one small module each (placeholder until the CP patch lands)."""
+"""Patches of other packages, one small module each.
+
+`apply_patches()` runs from `register()` in every vLLM process. It stays cheap and safe
+there: a patch module checks with `importlib.util.find_spec` that its target package is
+installed before importing anything of it, and each one has its own off switch.
+
+- `vllm_ascend_cp`: vllm-ascend's context-parallel decode merge -> our tensor-input
+  AttentionUpdate (VLLM_NPU_EXT_CP_PATCH).
+"""
+
+from __future__ import annotations
 
 
 def apply_patches() -> list[str]:
-    return []
+    """Apply (or arrange) every patch; returns one line per patch applied."""
+    from vllm_npu_ext.patches import vllm_ascend_cp
+
+    return vllm_ascend_cp.install()

@@ -1,0 +1,211 @@
+"""AttentionUpdate: merge partial attention outputs computed over disjoint KV shards.
+
+With context parallelism every rank attends to its own part of a sequence's KV cache and
+returns a partial output O_i with its log-sum-exp lse_i. The merged result is
+
+    lse = logsumexp_i(lse_i)                      (lse_max + log(sum_i exp(lse_i - lse_max)))
+    O   = sum_i O_i * exp(lse_i - lse)
+
+This module owns the tensor-input operator `torch.ops.vllm_npu_ext.attention_update`
+(`lse` fp32 `[sp, N]`, `out` `[sp, N, D]`), its argument rules, its fake kernel and its
+PyTorch reference. On the NPU the work goes to one of two kernels, chosen by
+`VLLM_NPU_EXT_ATTENTION_UPDATE_KERNEL`:
+
+- `custom`: our renamed CANN operator (`torch.ops.npu_ext_cann.npu_ext_attention_update`,
+  bound in `vllm_npu_ext.cann_ops.binding`), which takes the two tensors as they are;
+- `list`: `torch_npu.npu_attention_update`, which takes TensorLists, so the tensors are
+  unbound into per-shard views first (the path vllm-ascend 0.23 uses);
+- `auto` (default): `custom` when its package is loaded, else `list`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import torch
+
+from vllm_npu_ext import envs
+from vllm_npu_ext.ops import dispatch
+
+SP_RANGE = (1, 16)
+HEAD_DIM_RANGE = (8, 512)
+HEAD_DIM_MULTIPLE = 8
+UPDATE_TYPES = (0, 1)
+OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+KERNEL_SWITCH = "VLLM_NPU_EXT_ATTENTION_UPDATE_KERNEL"
+KERNEL_CHOICES = ("auto", "custom", "list")
+
+OP_NAMESPACE = "vllm_npu_ext"
+OP_NAME = "attention_update"
+OP_SCHEMA = "attention_update(Tensor lse, Tensor out, int update_type=0) -> (Tensor, Tensor)"
+
+
+def check_attention_update_args(lse: torch.Tensor, out: torch.Tensor, update_type: int = 0) -> None:
+    """Raise ValueError (naming the argument) unless the inputs follow the operator contract.
+
+    lse: fp32 `[sp, N]`, sp in SP_RANGE. out: fp32/fp16/bf16 `[sp, N, D]` on lse's device,
+    D in HEAD_DIM_RANGE and a multiple of HEAD_DIM_MULTIPLE. update_type: 0 or 1.
+    """
+    for name, value, rank in (("lse", lse, 2), ("out", out, 3)):
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+        if value.dim() != rank:
+            raise ValueError(
+                f"{name} must be {rank}-D ({'[sp, N]' if rank == 2 else '[sp, N, D]'}), "
+                f"got shape {tuple(value.shape)}"
+            )
+    if lse.dtype != torch.float32:
+        raise ValueError(f"lse must be float32, got {lse.dtype}")
+    if out.dtype not in OUT_DTYPES:
+        raise ValueError(f"out must be float32, float16 or bfloat16, got {out.dtype}")
+    sp, num_rows = lse.shape
+    if not SP_RANGE[0] <= sp <= SP_RANGE[1]:
+        raise ValueError(f"lse: sp (dim 0) must be in {SP_RANGE[0]}..{SP_RANGE[1]}, got {sp}")
+    if out.shape[0] != sp or out.shape[1] != num_rows:
+        raise ValueError(
+            f"out must be [sp, N, D] = [{sp}, {num_rows}, D] to match lse, "
+            f"got shape {tuple(out.shape)}"
+        )
+    head_dim = out.shape[2]
+    if not HEAD_DIM_RANGE[0] <= head_dim <= HEAD_DIM_RANGE[1] or head_dim % HEAD_DIM_MULTIPLE:
+        raise ValueError(
+            f"out: D (dim 2) must be in {HEAD_DIM_RANGE[0]}..{HEAD_DIM_RANGE[1]} and a "
+            f"multiple of {HEAD_DIM_MULTIPLE}, got {head_dim}"
+        )
+    if out.device != lse.device:
+        raise ValueError(f"out must be on lse's device {lse.device}, got {out.device}")
+    if update_type not in UPDATE_TYPES:
+        raise ValueError(f"update_type must be 0 or 1, got {update_type!r}")
+
+
+def attention_update_fake(
+    lse: torch.Tensor, out: torch.Tensor, update_type: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Shape/dtype-only outputs: (merged `[N, D]` in out's dtype, lse_out `[N]` fp32)."""
+    check_attention_update_args(lse, out, update_type)
+    num_rows, head_dim = out.shape[1], out.shape[2]
+    return out.new_empty((num_rows, head_dim)), lse.new_empty((num_rows,))
+
+
+def merge_shards(
+    lse_shards: Sequence[torch.Tensor], out_shards: Sequence[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The merge arithmetic, one pass per shard, fp32 accumulation.
+
+    lse_shards: sp fp32 `[N]` tensors; out_shards: sp `[N, D]` tensors (any strides).
+    Returns (merged `[N, D]` fp32, lse `[N]` fp32). A shard with lse = -inf (no keys) gets
+    weight 0 and its out rows are ignored even if they are not finite; a row where every
+    shard is empty merges to 0 with lse -inf.
+    """
+    lse_max = functools.reduce(torch.maximum, lse_shards)
+    # Rows with no keys anywhere: subtract 0 instead of -inf so that exp() gives 0, not NaN.
+    lse_max = torch.where(lse_max == float("-inf"), 0.0, lse_max)
+    weights = [torch.exp(lse_i - lse_max) for lse_i in lse_shards]
+    total = functools.reduce(torch.add, weights)
+    inv_total = torch.where(total > 0, total.reciprocal(), 0.0)
+    merged = torch.zeros(out_shards[0].shape, dtype=torch.float32, device=lse_max.device)
+    for weight, out_i in zip(weights, out_shards, strict=True):
+        scale = (weight * inv_total).unsqueeze(-1)
+        merged.addcmul_(torch.where(scale > 0, out_i, 0.0), scale)
+    return merged, lse_max + torch.log(total)
+
+
+def attention_update_reference(
+    lse: torch.Tensor, out: torch.Tensor, update_type: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pure PyTorch AttentionUpdate with max subtraction and fp32 accumulation.
+
+    lse: fp32 `[sp, N]`; out: `[sp, N, D]` (fp32/fp16/bf16, any strides).
+    Returns (merged `[N, D]` in out's dtype, lse_out `[N]` fp32). lse_out is always computed
+    here; callers of the public API get None for it when update_type == 0.
+    """
+    check_attention_update_args(lse, out, update_type)
+    merged, lse_out = merge_shards(lse.unbind(0), out.unbind(0))
+    return merged.to(out.dtype), lse_out
+
+
+def _custom_kernel_available(device: torch.device) -> bool:
+    # binding.py belongs to the CANN operator package; it may not be installed or built.
+    try:
+        from vllm_npu_ext.cann_ops.binding import custom_kernel_available
+    except ImportError:
+        return False
+    return bool(custom_kernel_available(device))
+
+
+def _kernel_choice(device: torch.device) -> str:
+    """'custom' or 'list', from VLLM_NPU_EXT_ATTENTION_UPDATE_KERNEL and what is loaded."""
+    choice = envs.get(KERNEL_SWITCH).strip().lower()
+    if choice not in KERNEL_CHOICES:
+        raise ValueError(f"{KERNEL_SWITCH} must be one of {KERNEL_CHOICES}, got {choice!r}")
+    if choice == "list":
+        return "list"
+    if _custom_kernel_available(device):
+        return "custom"
+    if choice == "custom":
+        raise RuntimeError(
+            f"{KERNEL_SWITCH}=custom but the NpuExtAttentionUpdate operator package is not "
+            "loaded (build and install vllm_npu_ext/cann_ops, or use auto/list)"
+        )
+    return "list"
+
+
+def attention_update_npu(
+    lse: torch.Tensor, out: torch.Tensor, update_type: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The NPU implementation: our CANN operator on the tensors, or torch_npu on lists.
+
+    Same arguments as `attention_update_reference`. The tensors are passed as they are
+    (strided views included); the list path makes one view per shard. Differences from the
+    reference: lse_out may be None for update_type 0 (torch_npu allocates it only for 1),
+    and torch_npu evaluates the formula literally, so a row where every shard is empty
+    gives NaN there (a decode query always sees at least its own key, so CP never has one).
+    """
+    check_attention_update_args(lse, out, update_type)
+    if _kernel_choice(lse.device) == "custom":
+        return torch.ops.npu_ext_cann.npu_ext_attention_update(lse, out, update_type)
+    torch_npu = dispatch.npu_ops(lse)
+    if torch_npu is None:
+        raise RuntimeError("attention_update_npu needs torch_npu (or its emulator)")
+    return torch_npu.npu_attention_update(list(lse.unbind(0)), list(out.unbind(0)), update_type)
+
+
+def attention_update(
+    lse: torch.Tensor, out: torch.Tensor, update_type: int = 0
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Merge partial attention results over the sp KV shards.
+
+    lse: fp32 `[sp, N]`, the partial log-sum-exps (-inf for a shard with no keys).
+    out: `[sp, N, D]` fp32/fp16/bf16, the partial outputs; strided views are accepted.
+    Returns (merged `[N, D]` in out's dtype, lse_out `[N]` fp32 if update_type == 1 else None).
+    """
+    if dispatch.npu_ops(lse) is not None:
+        merged, lse_out = attention_update_npu(lse, out, update_type)
+    else:
+        merged, lse_out = torch.ops.vllm_npu_ext.attention_update(lse, out, update_type)
+    return merged, (lse_out if update_type == 1 else None)
+
+
+def _attention_update_cpu(lse, out, update_type=0):
+    # The dispatcher drops arguments equal to their schema default, so kernels need it too.
+    return attention_update_reference(lse, out, update_type)
+
+
+def _attention_update_privateuse1(lse, out, update_type=0):
+    merged, lse_out = attention_update_npu(lse, out, update_type)
+    # torch_npu may leave the second output undefined (None) for update_type 0; the
+    # schema promises a tensor.
+    return merged, (lse.new_empty(lse.shape[1:]) if lse_out is None else lse_out)
+
+
+def _register_op() -> torch.library.Library:
+    lib = torch.library.Library(OP_NAMESPACE, "FRAGMENT")
+    lib.define(OP_SCHEMA)
+    lib.impl(OP_NAME, _attention_update_cpu, "CPU")
+    lib.impl(OP_NAME, _attention_update_privateuse1, "PrivateUse1")
+    torch.library.register_fake(f"{OP_NAMESPACE}::{OP_NAME}", attention_update_fake, lib=lib)
+    return lib
+
+
+_LIBRARY = _register_op()

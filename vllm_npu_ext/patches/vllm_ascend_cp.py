@@ -1,0 +1,224 @@
+"""Patch: vllm-ascend 0.23's context-parallel decode merge -> our tensor-input AttentionUpdate.
+
+What it replaces. vllm-ascend's CP decode (`attention_cp.py`, and `mla_cp.py` for MLA) ends
+with the pair, imported from `common_cp`:
+
+    attn_out_lse = _process_attn_out_lse(attn_out, attn_lse)   # cat, permute+copy, all_to_all
+                                                               # [dcp*H, D+1, bs], PCP all-gather
+    attn_out = _npu_attention_update(head_size, attn_out_lse)  # permute+copy, split, unbind,
+                                                               # torch_npu TensorList operator
+It is replaced in those two caller modules by `process_attn_out_lse` / `npu_attention_update`
+below: the local results are written once into a `[dcp, bs, H, D+1]` send buffer, exchanged
+into `[pcp*dcp, bs, H, D+1]` and merged from strided views of that one buffer by
+`torch.ops.vllm_npu_ext.attention_update` (no permute copy, no per-shard lists). Contract kept:
+`(attn_output [bs, dcp*H, D], softmax_lse [bs, dcp*H, 1]) -> fp32 [bs, H, D]`.
+
+When it applies. vLLM 0.23 loads general plugins in `WorkerWrapperBase.init_worker` before
+the worker exists, with the config only in a local variable: the DCP/PCP sizes are not
+known to `register()`. vllm-ascend imports `attention_cp`/`mla_cp` only from its backends'
+`get_impl_cls`/`get_builder_cls` when `enable_cp()` (PCP or DCP > 1 in the current config),
+which happens in workers while the model is built. So `install()` only adds an import hook
+(cheap, imports nothing); the patch is applied when vllm-ascend itself imports a caller
+module, i.e. in CP workers only. Each target is verified first (both functions present with
+the expected parameters); if not, a warning is logged and that module is left untouched.
+`VLLM_NPU_EXT_CP_PATCH=0` turns it off. `scripts/check_vllm_ascend_patch.py` checks the
+targets against vllm-ascend's sdist.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import inspect
+import sys
+from types import ModuleType
+
+from vllm_npu_ext import envs
+from vllm_npu_ext.logger import get_logger
+
+logger = get_logger(__name__)
+
+SWITCH = "VLLM_NPU_EXT_CP_PATCH"
+TESTED_VERSION = "0.23.0.post1"
+COMMON_MODULE = "vllm_ascend.attention.context_parallel.common_cp"
+CALLER_MODULES = (
+    "vllm_ascend.attention.context_parallel.attention_cp",
+    "vllm_ascend.attention.context_parallel.mla_cp",
+)
+# name -> parameters of vllm-ascend's function; replaced as a pair, never one alone.
+TARGET_SIGNATURES = {
+    "_process_attn_out_lse": ("attn_output", "softmax_lse"),
+    "_npu_attention_update": ("head_size", "attn_out_lse"),
+}
+PATCHED_MARKER = "__vllm_npu_ext_cp_originals__"
+
+
+def cp_group_coordinators():
+    """vLLM's (DCP, PCP) GroupCoordinators (`.world_size`, `.device_group`)."""
+    from vllm.distributed import get_dcp_group, get_pcp_group
+
+    return get_dcp_group(), get_pcp_group()
+
+
+def _device_groups():
+    """(DCP, PCP) torch.distributed groups, None where the group has one rank."""
+    return tuple(g.device_group if g.world_size > 1 else None for g in cp_group_coordinators())
+
+
+def process_attn_out_lse(attn_output, softmax_lse):
+    """Replaces `_process_attn_out_lse`: pack and exchange one rank's partial results.
+
+    attn_output: `[bs, dcp*H, D]`; softmax_lse: `[bs, dcp*H, 1]`.
+    Returns fp32 `[pcp*dcp, bs, H, D+1]` (see `vllm_npu_ext.ops.cp_merge`).
+    """
+    from vllm_npu_ext.ops.cp_merge import exchange, group_size, pack_out_lse
+
+    dcp_group, pcp_group = _device_groups()
+    buffer = pack_out_lse(attn_output, softmax_lse, group_size(dcp_group))
+    return exchange(buffer, dcp_group, pcp_group)
+
+
+def npu_attention_update(head_size, attn_out_lse):
+    """Replaces `_npu_attention_update`: merge the exchanged buffer into fp32 `[bs, H, D]`.
+
+    attn_out_lse: `[pcp*dcp, bs, H, D+1]` from `process_attn_out_lse`, or vllm-ascend's own
+    `[pcp*bs, dcp*H, D+1]` (then reordered with one copy, as vllm-ascend does).
+    """
+    from vllm_npu_ext.ops.cp_merge import merge_cp_buffer
+
+    if attn_out_lse.shape[-1] != head_size + 1:
+        raise ValueError(
+            f"attn_out_lse's last dim must be head_size + 1 = {head_size + 1}, "
+            f"got shape {tuple(attn_out_lse.shape)}"
+        )
+    if attn_out_lse.dim() == 3:
+        dcp, pcp = cp_group_coordinators()
+        attn_out_lse = _from_vllm_ascend_layout(attn_out_lse, dcp.world_size, pcp.world_size)
+    return merge_cp_buffer(attn_out_lse)
+
+
+def _from_vllm_ascend_layout(buffer, dcp_size: int, pcp_size: int):
+    """`[pcp*bs, dcp*H, D+1]` -> contiguous `[pcp*dcp, bs, H, D+1]` (one copy)."""
+    rows, heads, width = buffer.shape
+    shards = buffer.view(pcp_size, rows // pcp_size, dcp_size, heads // dcp_size, width)
+    shards = shards.transpose(1, 2).contiguous()
+    return shards.view(pcp_size * dcp_size, rows // pcp_size, heads // dcp_size, width)
+
+
+REPLACEMENTS = {
+    "_process_attn_out_lse": process_attn_out_lse,
+    "_npu_attention_update": npu_attention_update,
+}
+
+
+def target_problem(module: ModuleType) -> str | None:
+    """Why `module` cannot be patched (a missing or changed target), or None."""
+    for name, expected in TARGET_SIGNATURES.items():
+        original = getattr(module, name, None)
+        if original is None or not callable(original):
+            return f"{module.__name__}.{name} does not exist"
+        params = tuple(inspect.signature(original).parameters)
+        if params != expected:
+            return f"{module.__name__}.{name}{params} no longer takes {expected}"
+    return None
+
+
+def patch_module(module: ModuleType) -> bool:
+    """Replace the merge pair in one caller module; warn and leave it alone if unverified."""
+    if all(getattr(module, name, None) is new for name, new in REPLACEMENTS.items()):
+        return True
+    problem = target_problem(module)
+    if problem is not None:
+        logger.warning(
+            "vllm-npu-ext: CP merge patch not applied, vllm-ascend left as is: %s", problem
+        )
+        return False
+    setattr(module, PATCHED_MARKER, {name: getattr(module, name) for name in REPLACEMENTS})
+    for name, replacement in REPLACEMENTS.items():
+        setattr(module, name, replacement)
+    logger.info(
+        "vllm-npu-ext: %s CP decode merge -> vllm_npu_ext.attention_update", module.__name__
+    )
+    return True
+
+
+def unpatch_module(module: ModuleType) -> None:
+    """Restore vllm-ascend's functions in a patched module."""
+    for name, original in (getattr(module, PATCHED_MARKER, None) or {}).items():
+        setattr(module, name, original)
+    if hasattr(module, PATCHED_MARKER):
+        delattr(module, PATCHED_MARKER)
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    """Runs the real loader, then patches the fresh module."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        patch_module(module)
+
+    def __getattr__(self, name):  # get_source, get_code, ... for inspect and tracebacks
+        return getattr(self._loader, name)
+
+
+class PatchOnImport(importlib.abc.MetaPathFinder):
+    """Finds the caller modules through the other finders and wraps their loader."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in CALLER_MODULES:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None:
+                    spec.loader = _PatchingLoader(spec.loader)
+                return spec
+        return None
+
+
+def _vllm_ascend_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("vllm-ascend")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def install() -> list[str]:
+    """Arrange for the patch (see the module docstring); returns what was arranged."""
+    if not envs.flag(SWITCH) or importlib.util.find_spec("vllm_ascend") is None:
+        return []
+    version = _vllm_ascend_version()
+    if version != TESTED_VERSION:
+        logger.warning(
+            "vllm-npu-ext: CP merge patch written for vllm-ascend %s, found %s; "
+            "targets are still verified before patching",
+            TESTED_VERSION,
+            version,
+        )
+    if not any(isinstance(finder, PatchOnImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, PatchOnImport())
+    for name in CALLER_MODULES:
+        if name in sys.modules:
+            patch_module(sys.modules[name])
+    return [
+        f"vllm-ascend {version} CP decode merge -> attention_update (on import of "
+        "attention_cp/mla_cp, i.e. when DCP or PCP > 1)"
+    ]
+
+
+def uninstall() -> None:
+    """Remove the import hook and restore every patched module."""
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, PatchOnImport)]
+    for name in CALLER_MODULES:
+        if name in sys.modules:
+            unpatch_module(sys.modules[name])
