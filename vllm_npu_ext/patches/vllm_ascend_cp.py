@@ -139,7 +139,16 @@ def patch_module(module: ModuleType) -> bool:
     logger.info(
         "vllm-npu-ext: %s CP decode merge -> vllm_npu_ext.attention_update", module.__name__
     )
+    _register_graph_converter()
     return True
+
+
+def _register_graph_converter() -> None:
+    """vllm-ascend may compile the decode step with torchair: teach it our operator."""
+    from vllm_npu_ext.cann_ops import binding
+
+    if binding.register_graph_converter():
+        logger.info("vllm-npu-ext: torchair converter for NpuExtAttentionUpdate registered")
 
 
 def unpatch_module(module: ModuleType) -> None:

@@ -1,0 +1,1 @@
+"""Golden reference and host-side (g++) tests of NpuExtAttentionUpdate."""

@@ -1,0 +1,63 @@
+"""setup.py's optional build of `vllm_npu_ext._cann_C` (the PrivateUse1 kernel of the binding).
+
+setup.py loads this file by path (it must not import the vllm_npu_ext package, which needs
+torch). The extension is built only when torch_npu is installed and ASCEND_HOME_PATH or
+ASCEND_TOOLKIT_HOME points at a CANN toolkit with the aclnn headers; otherwise one line says
+why it was skipped and the install goes on. torch_npu is looked up with find_spec and only
+imported once everything is known to be there (importing it without CANN raises).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+EXTENSION_NAME = "vllm_npu_ext._cann_C"
+_BINDING_DIR = Path("vllm_npu_ext/cann_ops/npu_ext_attention_update/torch_binding")
+_OP_API_DIR = Path("vllm_npu_ext/cann_ops/npu_ext_attention_update/op_api")
+SOURCES = (
+    _BINDING_DIR / "npu_ext_attention_update_binding.cpp",
+    _BINDING_DIR / "aclnn_library.cpp",
+)
+CANN_HEADERS = ("aclnn/acl_meta.h", "aclnn/aclnn_base.h", "acl/acl_base.h")
+
+
+def cann_home(env: Mapping[str, str] = os.environ) -> Path | None:
+    """The CANN toolkit named by ASCEND_HOME_PATH (or ASCEND_TOOLKIT_HOME), if any."""
+    value = env.get("ASCEND_HOME_PATH") or env.get("ASCEND_TOOLKIT_HOME")
+    return Path(value) if value else None
+
+
+def skip_reason(env: Mapping[str, str] = os.environ) -> str | None:
+    """Why the extension cannot be built here, or None when it can."""
+    if importlib.util.find_spec("torch_npu") is None:
+        return "torch_npu is not installed"
+    home = cann_home(env)
+    if home is None:
+        return "neither ASCEND_HOME_PATH nor ASCEND_TOOLKIT_HOME is set (source CANN's set_env.sh)"
+    missing = [header for header in CANN_HEADERS if not (home / "include" / header).is_file()]
+    if missing:
+        return f"CANN at {home} lacks {', '.join(missing)}"
+    return None
+
+
+def extension_modules(env: Mapping[str, str] = os.environ) -> tuple[list, dict]:
+    """(ext_modules, cmdclass) for setup(): the extension, or nothing with one printed line."""
+    reason = skip_reason(env)
+    if reason is not None:
+        print(f"vllm-npu-ext: skipping {EXTENSION_NAME} (CANN torch binding): {reason}")
+        return [], {}
+    from torch.utils.cpp_extension import BuildExtension
+    from torch_npu.utils.cpp_extension import NpuExtension
+
+    home = cann_home(env)
+    extension = NpuExtension(
+        EXTENSION_NAME,
+        sources=[str(source) for source in SOURCES],
+        include_dirs=[str(_BINDING_DIR), str(_OP_API_DIR), str(home / "include")],
+        library_dirs=[str(home / "lib64")],
+        libraries=["nnopbase", "ascendcl"],
+    )
+    return [extension], {"build_ext": BuildExtension}
