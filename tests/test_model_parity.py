@@ -78,6 +78,16 @@ def test_every_fusion_configuration_matches_hf_and_native(engine_runs, oracle, n
     _assert_parity(variants[variant], variants["all_off"], _min_cosine(name))
 
 
+@pytest.mark.parametrize("name", CONFIGS)
+def test_fully_fused_layer_issues_at_most_12_device_ops(engine_runs, name):
+    counts = engine_runs[name]["op_counts"]
+    assert counts["all_on"] <= 12, counts
+    # Switching a fusion off never saves operators; rotary/norm/attention/qkv visibly cost.
+    assert all(n >= counts["all_on"] for n in counts.values()), counts
+    for fusion in ("attention", "rms_norm", "add_rms_norm", "rotary", "grouped_qkv"):
+        assert counts[f"no_{fusion}"] > counts["all_on"], counts
+
+
 def test_cache_free_pooling_allocates_no_kv_cache(engine_runs):
     log = engine_runs["gqa2_tied_fp32"]["log"]
     assert "attention: cache-free causal (no KV cache)" in log

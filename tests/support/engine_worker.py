@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the model lives in this process
 
@@ -52,6 +53,7 @@ def main() -> None:
         results["platform"] = _embed(llm, texts)
         emulator.install()
         results["variants"] = _fusion_variants(llm, texts)
+        results["op_counts"] = _op_counts(llm, emulator)
     torch.save(results, args.out)
 
 
@@ -89,6 +91,24 @@ def _fusion_variants(llm, texts: list[str]) -> dict[str, torch.Tensor]:
                 ).float()
                 for name, config in configs.items()
             }
+
+    return llm.apply_model(run)[0]
+
+
+def _op_counts(llm, emulator) -> dict[str, int]:
+    """Device operators per decoder layer (benchmarks/count_ops.py) for each configuration."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from count_ops import count_layer_ops
+
+    from vllm_npu_ext.envs import FUSIONS
+
+    def run(model):
+        base = model.model.fusions
+        configs = {"all_on": base, **{f"no_{name}": base.without(name) for name in FUSIONS}}
+        return {
+            name: count_layer_ops(model, config, [7, 3], emulator)["per_layer"]
+            for name, config in configs.items()
+        }
 
     return llm.apply_model(run)[0]
 
