@@ -1,32 +1,25 @@
-"""vllm_npu_ext.ops.attention_update: numerics, argument rules, registration, NPU dispatch."""
+"""attention_update (vllm_npu_ext.ops.attention_merge): numerics, argument rules, dispatch."""
 
 from __future__ import annotations
-
-import importlib
 
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from vllm.v1.attention.ops.dcp import _lse_weighted_combine
 
+from vllm_npu_ext.ops import attention_merge as update_module
 from vllm_npu_ext.ops import attention_update
-from vllm_npu_ext.ops.attention_update import (
+from vllm_npu_ext.ops.attention_merge import (
     attention_update_fake,
     attention_update_npu,
     attention_update_reference,
     check_attention_update_args,
 )
 from vllm_npu_ext.testing import emulated_cann_ops, torch_npu_emulator
-
-# The submodule, not the function that vllm_npu_ext.ops exports under the same name.
-update_module = importlib.import_module("vllm_npu_ext.ops.attention_update")
+from vllm_npu_ext.tolerances import op_tolerance
 
 NEG_INF = float("-inf")
-TOLERANCE = {  # (atol, rtol) against float64: fp32 accumulation, rounding to the output dtype
-    torch.float32: (1e-5, 1e-5),
-    torch.float16: (2e-3, 2e-3),
-    torch.bfloat16: (1.6e-2, 1.6e-2),
-}
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 
 def make_inputs(sp, num_rows, head_dim, dtype, *, strided=False, empty_rows=(), seed=0):
@@ -58,14 +51,15 @@ def float64_merge(lse, out):
 
 
 @pytest.mark.parametrize("strided", [False, True], ids=["contiguous", "strided"])
-@pytest.mark.parametrize("dtype", list(TOLERANCE), ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("head_dim", [8, 64, 128, 512])
 @pytest.mark.parametrize("sp", [1, 2, 4, 8, 16])
 def test_matches_float64_reference(sp, head_dim, dtype, strided):
     lse, out = make_inputs(sp, 37, head_dim, dtype, strided=strided, empty_rows=(5,))
     merged, lse_out = attention_update(lse, out, update_type=1)
     expected, expected_lse = float64_merge(lse, out)
-    atol, rtol = TOLERANCE[dtype]
+    tol = op_tolerance("npu_attention_update", dtype)
+    atol, rtol = tol.atol, tol.rtol
     assert merged.dtype == dtype and merged.shape == (37, head_dim)
     torch.testing.assert_close(merged.double(), expected, atol=atol, rtol=rtol)
     torch.testing.assert_close(lse_out.double(), expected_lse, atol=1e-5, rtol=1e-6)

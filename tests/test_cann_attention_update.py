@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import subprocess
 import sys
@@ -34,17 +33,11 @@ from vllm_npu_ext.cann_ops.npu_ext_attention_update.torch_binding import (
     extension_build,
     torchair_converter,
 )
-
-# The package attribute `vllm_npu_ext.ops.attention_update` is the function, not the module.
-public = importlib.import_module("vllm_npu_ext.ops.attention_update")
+from vllm_npu_ext.ops import attention_merge as public
+from vllm_npu_ext.tolerances import op_tolerance
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-# (rtol, atol) of the kernel's output against float64 references, per out dtype.
-TOLERANCES = {
-    torch.float32: (1e-5, 1e-6),
-    torch.float16: (1e-3, 1e-3),
-    torch.bfloat16: (8e-3, 8e-3),
-}
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 
 @pytest.fixture(scope="session")
@@ -68,7 +61,8 @@ def assert_matches_golden(out, lse_out, lse, go, update_type):
     ref_out, ref_lse = golden.npu_ext_attention_update_golden(
         lse.numpy(), go.float().numpy(), update_type
     )
-    rtol, atol = TOLERANCES[go.dtype]
+    tol = op_tolerance("npu_attention_update", go.dtype)
+    rtol, atol = tol.rtol, tol.atol
     torch.testing.assert_close(out.double(), torch.from_numpy(ref_out), rtol=rtol, atol=atol)
     if update_type == 1:
         torch.testing.assert_close(lse_out.double(), torch.from_numpy(ref_lse), rtol=1e-6,
@@ -148,13 +142,14 @@ def test_twin_matches_golden_with_empty_shards(twin):
     assert_matches_golden(out, lse_out, lse, go, 1)
 
 
-@pytest.mark.parametrize("dtype", TOLERANCES)
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_twin_matches_public_op_on_strided_inputs(twin, dtype):
     lse = torch.randn(45, 6).t() * 3  # [6, 45], transposed view
     go = torch.randn(6, 64, 45).to(dtype).transpose(1, 2)  # [6, 45, 64], strided
     out, lse_out = twin.run(lse, go, 1, core_num=4)
     ref_out, ref_lse = public.attention_update(lse, go, 1)
-    rtol, atol = TOLERANCES[dtype]
+    tol = op_tolerance("npu_attention_update", dtype)
+    rtol, atol = tol.rtol, tol.atol
     torch.testing.assert_close(out.float(), ref_out.float(), rtol=2 * rtol, atol=2 * atol)
     torch.testing.assert_close(lse_out, ref_lse, rtol=1e-6, atol=1e-6)
 
@@ -213,7 +208,7 @@ def test_binding_op_passes_opcheck(emulated_cpu_kernel):
     torch.library.opcheck(torch.ops.npu_ext_cann.npu_ext_attention_update.default, (lse, go, 1))
 
 
-@pytest.mark.parametrize("dtype", TOLERANCES)
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_fake_kernel_gives_output_shapes_and_dtypes(dtype):
     lse = torch.empty(3, 10, device="meta")
     go = torch.empty(3, 10, 64, dtype=dtype, device="meta")

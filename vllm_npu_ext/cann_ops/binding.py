@@ -18,7 +18,7 @@ from types import ModuleType
 
 import torch
 
-from vllm_npu_ext.ops.attention_update import attention_update_fake
+from vllm_npu_ext.ops.attention_merge import attention_update_fake
 
 LIBRARY_NAMESPACE = "npu_ext_cann"
 OP_NAME = "npu_ext_attention_update"

@@ -1,3 +1,3 @@
-from vllm_npu_ext.ops.attention_update import attention_update
+from vllm_npu_ext.ops.attention_merge import attention_update
 
 __all__ = ["attention_update"]

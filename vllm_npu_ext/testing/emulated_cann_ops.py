@@ -22,7 +22,7 @@ from collections.abc import Iterator
 
 import torch
 
-from vllm_npu_ext.ops.attention_update import (
+from vllm_npu_ext.ops.attention_merge import (
     attention_update_fake,
     attention_update_reference,
     check_attention_update_args,

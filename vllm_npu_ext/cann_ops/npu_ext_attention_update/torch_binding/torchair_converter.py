@@ -37,7 +37,7 @@ def register(torchair: ModuleType) -> None:
 
     # Importing these modules defines the two ops.
     import vllm_npu_ext.cann_ops.binding  # noqa: F401
-    import vllm_npu_ext.ops.attention_update  # noqa: F401
+    import vllm_npu_ext.ops.attention_merge  # noqa: F401
 
     @torchair.register_fx_node_ge_converter(torch.ops.vllm_npu_ext.attention_update.default)
     def convert_attention_update(lse, out, update_type=0, meta_outputs=None):
