@@ -34,6 +34,7 @@ def test_serve_without_model_uses_the_built_in_tiny_model(tmp_path, monkeypatch)
     command = cli.serve_command([])
     model_dir = tmp_path / "vllm_npu_ext" / "tiny-qwen3"
     assert command[command.index("--model") + 1] == str(model_dir)
+    assert command[command.index("--served-model-name") + 1] == "tiny-qwen3"
     assert (model_dir / "model.safetensors").exists()
 
 

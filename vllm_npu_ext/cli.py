@@ -52,9 +52,11 @@ def serve_command(args: Sequence[str]) -> list[str]:
         i = args.index("--model")
         model, rest = args[i + 1], args[:i] + args[i + 2 :]
     else:
-        from vllm_npu_ext.tiny_model import ensure_default_model
+        from vllm_npu_ext.tiny_model import DEFAULT_MODEL_NAME, ensure_default_model
 
         model, rest = str(ensure_default_model()), args
+        if not _has_flag(rest, "--served-model-name"):
+            rest = [*rest, "--served-model-name", DEFAULT_MODEL_NAME]
     command = [sys.executable, "-m", SERVER_MODULE, "--model", model, *rest]
     defaults = {"--runner": ["pooling"], "--convert": ["embed"], "--middleware": [MIDDLEWARE]}
     if _flag_value(rest, "--runner", "pooling") == "pooling":

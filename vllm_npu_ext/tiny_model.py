@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import save_file
 
 EOS_TOKEN = "<|endoftext|>"
+DEFAULT_MODEL_NAME = "tiny-qwen3"  # what `vllm-npu-ext serve` calls the built-in model
 SPECIAL_TOKENS = [EOS_TOKEN, "<|im_start|>", "<|im_end|>"]
 
 # Layer shapes. `0.6b` is Qwen3-Embedding-0.6B's; its vocabulary is our tokenizer's, not

