@@ -252,6 +252,7 @@ class Qwen3ForCausalLM(nn.Module, SupportsPP):
         self.config = config
         pooling = vllm_config.model_config.runner_type == "pooling"
         cache_free = pooling and self.attn_type == "encoder_only"
+        cache_free = cache_free and _cache_free_allowed(vllm_config)
         self.model = Qwen3Model(
             vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"), cache_free=cache_free
         )
@@ -289,6 +290,28 @@ class Qwen3KVCacheForCausalLM(Qwen3ForCausalLM):
     """Pooling runs keep vLLM's KV cache (prefix caching and chunked prefill available)."""
 
     attn_type = "decoder"
+
+
+def _cache_free_allowed(vllm_config: VllmConfig) -> bool:
+    """Prefix caching and chunked prefill need keys from earlier steps: a KV cache.
+
+    vLLM turns both off for our cache-free pooling class unless the user asked for them;
+    then the user's choice wins and pooling keeps the KV cache.
+    """
+    wanted = [
+        flag
+        for flag, on in (
+            ("--enable-prefix-caching", vllm_config.cache_config.enable_prefix_caching),
+            ("--enable-chunked-prefill", vllm_config.scheduler_config.enable_chunked_prefill),
+        )
+        if on
+    ]
+    if wanted:
+        logger.warning(
+            "vllm-npu-ext: %s requested, so pooling keeps the KV cache (cache-free pooling "
+            "cannot serve it)", " and ".join(wanted),
+        )  # fmt: skip
+    return not wanted
 
 
 def _log_built(model: nn.Module, cache_free: bool, pooling: bool) -> None:
