@@ -59,6 +59,11 @@ VARIABLES: dict[str, tuple[str, str]] = {
         "",
         "vendor directory of our custom op package (default: the cann_ops build's install)",
     ),
+    "VLLM_NPU_EXT_SELFCHECK_EMULATE": (
+        "0",
+        "1: `vllm-npu-ext selfcheck` runs on the CPU under the torch_npu emulator (tests "
+        "selfcheck itself; every line says emulated)",
+    ),
 }
 
 

@@ -1,0 +1,178 @@
+"""One vLLM embedding engine with the plugin, in its own process; saves what selfcheck compares.
+
+    python -m vllm_npu_ext.selfcheck.engine_probe --model DIR --dtype auto --out FILE \\
+        --texts '["a", "b"]' [--emulate]
+
+A fresh process per checkpoint keeps each engine's global state (distributed groups,
+device memory) apart. The engine runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`)
+so `LLM.apply_model` reaches the model object. With --emulate the torch_npu emulator is
+installed before vLLM is imported, so the model is built for the NPU path on the CPU.
+
+Saved (torch.save, a dict): `model_classes` (the model's MRO), `npu_path` (whether the NPU
+path is active, its fusions, device and dtype), `batch` and `single` (embeddings of all texts
+in one call and of each text alone, float32 CPU `[B, H]`), `variants` (forward_packed
+last-token embeddings per fusion configuration: all_on, all_off, no_<fusion>; on an
+exception `variants_error` says why) and
+`fused_calls` (calls of each fused torch_npu operator during the batch embed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+import torch
+
+MAX_MODEL_LEN = 512
+EMULATED_MEMORY_UTILIZATION = 0.3  # CPU: vLLM checks this fraction of host memory is free
+# Fusion -> the torch_npu operator it calls (attention: npu_<attention_op>).
+FUSED_OPERATORS = {
+    "rms_norm": "npu_rms_norm",
+    "add_rms_norm": "npu_add_rms_norm",
+    "rotary": "npu_rotary_mul",
+    "swiglu": "npu_swiglu",
+    "grouped_qkv": "npu_grouped_matmul",
+    "linear": "npu_linear",
+}
+ATTENTION_OPERATORS = ("npu_fused_infer_attention_score", "npu_fusion_attention")
+
+
+class CallCounter:
+    """Counts calls of a module's operators by wrapping them (this throwaway process only):
+    evidence that the engine's forward really reached each fused operator."""
+
+    def __init__(self, module, names) -> None:
+        self.counts: collections.Counter[str] = collections.Counter()
+        for name in names:
+            function = getattr(module, name, None)
+            if function is not None:
+                setattr(module, name, self._counting(name, function))
+
+    def _counting(self, name, function):
+        @functools.wraps(function)
+        def counted(*args, **kwargs):
+            self.counts[name] += 1
+            return function(*args, **kwargs)
+
+        return counted
+
+
+def _class_names(model) -> list[str]:
+    return [f"{cls.__module__}.{cls.__name__}" for cls in type(model).__mro__]
+
+
+def _npu_path(model) -> dict:
+    inner = getattr(model, "model", None)
+    parameter = next(model.parameters())
+    fusions = getattr(inner, "fusions", None)
+    return {
+        "active": bool(getattr(inner, "npu_possible", False)),
+        "forward_packed": hasattr(inner, "forward_packed"),
+        "fusions": fusions.active() if fusions is not None else [],
+        "attention_op": getattr(fusions, "attention_op", None),
+        "device": str(parameter.device),
+        "dtype": str(parameter.dtype).removeprefix("torch."),
+    }
+
+
+def _embed(llm, texts: Sequence[str]) -> torch.Tensor:
+    outputs = llm.embed(list(texts), use_tqdm=False)
+    return torch.tensor([o.outputs.embedding for o in outputs], dtype=torch.float32)
+
+
+def _fusion_variants(llm, texts: Sequence[str]) -> dict[str, torch.Tensor]:
+    """forward_packed on the loaded model: all fusions, all off, each one off in turn."""
+    from vllm_npu_ext.envs import FUSIONS, FusionConfig
+    from vllm_npu_ext.ops.packed import PackedSeqs
+    from vllm_npu_ext.ops.pooling import last_token_pool
+
+    tokenizer = llm.get_tokenizer()
+    token_ids = [tokenizer(text)["input_ids"] for text in texts]
+    seqs = PackedSeqs.from_seq_lens([len(ids) for ids in token_ids])
+
+    def run(model) -> dict[str, torch.Tensor]:
+        inner = model.model
+        device = inner.embed_tokens.weight.device
+        input_ids = torch.tensor([i for ids in token_ids for i in ids], device=device)
+        positions = torch.cat([torch.arange(len(ids)) for ids in token_ids]).to(device)
+        configs = {"all_on": inner.fusions, "all_off": FusionConfig.all_off()}
+        configs.update({f"no_{name}": inner.fusions.without(name) for name in FUSIONS})
+        cu_seqlens = seqs.cu_seqlens_tensor(device)
+        with torch.no_grad():
+            return {
+                name: last_token_pool(
+                    inner.forward_packed(input_ids, positions, seqs, config), cu_seqlens
+                )
+                .float()
+                .cpu()
+                for name, config in configs.items()
+            }
+
+    return llm.apply_model(run)[0]
+
+
+def _count_fused_calls(emulate: bool) -> CallCounter:
+    from vllm_npu_ext.ops import dispatch
+
+    module = dispatch.emulator() if emulate else dispatch.npu_ops_for_device(torch.device("npu"))
+    return CallCounter(module, [*FUSED_OPERATORS.values(), *ATTENTION_OPERATORS])
+
+
+def _build_llm(model: str, dtype: str, emulate: bool):
+    """An in-process pooling engine; emulated: the emulator goes in before vLLM is imported."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if emulate:
+        from vllm_npu_ext.testing import torch_npu_emulator as emulator
+
+        emulator.install()
+    from vllm import LLM
+
+    extra = {"gpu_memory_utilization": EMULATED_MEMORY_UTILIZATION} if emulate else {}
+    return LLM(
+        model=model, runner="pooling", convert="embed", dtype=dtype,
+        max_model_len=MAX_MODEL_LEN, seed=0, enforce_eager=True, **extra,
+    )  # fmt: skip
+
+
+def probe(llm, texts: Sequence[str], emulate: bool) -> dict:
+    """Everything the module docstring lists, for `texts` on the loaded engine."""
+    npu_path = llm.apply_model(_npu_path)[0]
+    counter = _count_fused_calls(emulate)
+    batch = _embed(llm, texts)
+    results = {
+        "model_classes": llm.apply_model(_class_names)[0],
+        "npu_path": npu_path,
+        "fused_calls": dict(counter.counts),  # during the batch embed only
+        "batch": batch,
+        "single": torch.cat([_embed(llm, [text]) for text in texts]),
+        "variants": {},
+        "variants_error": None,
+    }
+    if npu_path["active"] and npu_path["forward_packed"]:
+        try:
+            results["variants"] = _fusion_variants(llm, texts)
+        except Exception as error:  # keep the engine's results; report this one apart
+            results["variants_error"] = f"{type(error).__name__}: {error}"[:500]
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m vllm_npu_ext.selfcheck.engine_probe")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--texts", required=True, help="JSON list of texts")
+    parser.add_argument("--emulate", action="store_true")
+    args = parser.parse_args(argv)
+    llm = _build_llm(args.model, args.dtype, args.emulate)
+    torch.save(probe(llm, json.loads(args.texts), args.emulate), args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""Selfcheck part 2: the whole model's NPU path in a vLLM engine against Hugging Face on the CPU.
+
+For one checkpoint and engine dtype: `engine_probe` runs `LLM(..., runner="pooling",
+convert="embed")` with the plugin in a child process and saves embeddings; here they are
+compared, by the cosine of each text's embedding, with Hugging Face transformers' Qwen3 on
+the CPU in float32 (last token, L2-normalised), against `min_embedding_cosine(engine dtype)`:
+
+- our-model: vLLM built our Qwen3 class and its NPU path is active;
+- fused-ops-ran: each active fusion's torch_npu operator was called during the embed;
+- engine-vs-hf: `LLM.embed` on a batch;
+- batch-vs-single: each text embedded alone gives the batch's embedding;
+- forward_packed[<config>]-vs-hf: the loaded model with all fusions, none, and each one off
+  (a fusion whose "no_" variant passes while all_on fails is the broken one);
+- fused-vs-unfused: all fusions vs none on the same device;
+- INFO hf-<dtype>-vs-hf-fp32: Hugging Face itself in the engine dtype on the CPU, the size of
+  the gap that dtype alone opens (no verdict).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from vllm_npu_ext import QWEN3_MODULE
+from vllm_npu_ext.selfcheck.engine_probe import FUSED_OPERATORS
+from vllm_npu_ext.selfcheck.report import CheckResult
+from vllm_npu_ext.testing.parity import dtype_name
+from vllm_npu_ext.tolerances import min_embedding_cosine
+
+# Odd lengths on purpose: a 1-token input, repeated words, digits, punctuation.
+TEXTS = (
+    "a",
+    "Hello world, the query!",
+    "The document is long and has many tokens in it; it keeps going for a while 12345.",
+    "x y z",
+    "retrieval " * 17,
+    "What is the capital of France? Paris is the capital and largest city of France.",
+)
+OUR_MODEL_CLASS = f"{QWEN3_MODULE}.Qwen3ForCausalLM"
+ENGINE_TIMEOUT_S = 1800
+LOG_TAIL_LINES = 15
+
+
+class EngineRunError(RuntimeError):
+    """The engine child failed; the message names its log."""
+
+
+def run_engine(model_dir: Path, dtype: str, emulate: bool, stem: Path) -> dict[str, Any]:
+    """Run `engine_probe` on `model_dir`; its results, or EngineRunError with the log's tail."""
+    out, log = stem.with_suffix(".pt"), stem.with_suffix(".log")
+    command = [
+        sys.executable, "-m", "vllm_npu_ext.selfcheck.engine_probe", "--model", str(model_dir),
+        "--dtype", dtype, "--out", str(out), "--texts", json.dumps(list(TEXTS)),
+    ] + (["--emulate"] if emulate else [])  # fmt: skip
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    try:
+        with open(log, "w", encoding="utf-8") as log_file:
+            done = subprocess.run(
+                command, stdout=log_file, stderr=subprocess.STDOUT, env=env,
+                timeout=ENGINE_TIMEOUT_S, check=False,
+            )  # fmt: skip
+    except subprocess.TimeoutExpired as error:
+        raise EngineRunError(f"engine run exceeded {ENGINE_TIMEOUT_S} s; log: {log}") from error
+    if done.returncode != 0 or not out.exists():
+        lines = log.read_text(encoding="utf-8", errors="replace").splitlines()
+        tail = [line[:300] for line in lines[-LOG_TAIL_LINES:]]
+        raise EngineRunError(
+            f"engine run exited with status {done.returncode}; log: {log}\n" + "\n".join(tail)
+        )
+    return torch.load(out)
+
+
+def _last_token_embeddings(model, tokenizer, texts) -> torch.Tensor:
+    """Each text alone (no padding), last token's hidden state, L2-normalised, float32."""
+    rows = []
+    with torch.no_grad():
+        for text in texts:
+            batch = tokenizer(text, return_tensors="pt")
+            rows.append(model(**batch).last_hidden_state[0, -1].float())
+    return F.normalize(torch.stack(rows), dim=-1)
+
+
+@functools.lru_cache(maxsize=4)
+def hf_embeddings(model_dir: str, dtypes: tuple[torch.dtype, ...]) -> dict[torch.dtype, Any]:
+    """Hugging Face embeddings of TEXTS on the CPU: float32 first, then the model cast to
+    each other dtype in turn (loaded once)."""
+    from transformers import AutoModel, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # keep the report one line per check
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModel.from_pretrained(model_dir, dtype=torch.float32).eval()
+    results = {torch.float32: _last_token_embeddings(model, tokenizer, TEXTS)}
+    for dtype in dtypes:
+        if dtype not in results:
+            results[dtype] = _last_token_embeddings(model.to(dtype), tokenizer, TEXTS)
+    return results
+
+
+def cosine_result(base: dict, check: str, actual, expected, min_cos: float | None) -> CheckResult:
+    """PASS when every row's cosine reaches `min_cos`; INFO (no verdict) when it is None."""
+    fields = {**base, "check": check}
+    if actual.shape != expected.shape:
+        fields["problem"] = f"shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+        return CheckResult("model", "FAIL", fields)
+    cosines = F.cosine_similarity(actual.float(), expected.float(), dim=-1)
+    worst = cosines.min().item()
+    fields.update(cos_min=worst, worst_text=int(cosines.argmin()))
+    if min_cos is None:
+        return CheckResult("model", "INFO", fields)
+    fields["min_cos"] = min_cos
+    return CheckResult("model", "PASS" if worst >= min_cos else "FAIL", fields)
+
+
+def _our_model_result(base: dict, run: dict[str, Any]) -> CheckResult:
+    path = run["npu_path"]
+    ours = OUR_MODEL_CLASS in run["model_classes"]
+    fields = {
+        **base, "check": "our-model", "class": run["model_classes"][0], "ours": ours,
+        "npu_path": path["active"], "fusions": ",".join(path["fusions"]) or "none",
+        "attention_op": path["attention_op"], "device": path["device"],
+    }  # fmt: skip
+    return CheckResult("model", "PASS" if ours and path["active"] else "FAIL", fields)
+
+
+def _fused_calls_result(base: dict, run: dict[str, Any]) -> CheckResult:
+    """Every active fusion's operator was called while the engine embedded the batch."""
+    path, calls = run["npu_path"], run["fused_calls"]
+    expected = [FUSED_OPERATORS[f] for f in path["fusions"] if f in FUSED_OPERATORS]
+    if "attention" in path["fusions"]:
+        expected.append(f"npu_{path['attention_op']}")
+    missing = [op for op in expected if not calls.get(op)]
+    counts = ",".join(f"{op}={calls.get(op, 0)}" for op in expected) or "none"
+    fields = {**base, "check": "fused-ops-ran", "calls": counts}
+    if missing:
+        fields["missing"] = ",".join(missing)
+    return CheckResult("model", "FAIL" if missing or not path["active"] else "PASS", fields)
+
+
+def check_model(
+    label: str, model_dir: Path, dtype: str, emulate: bool, workdir: Path
+) -> list[CheckResult]:
+    """Every whole-model check for one checkpoint and engine dtype ("auto": the config's)."""
+    base: dict[str, Any] = {"model": label, "dtype": dtype}
+    try:
+        run = run_engine(model_dir, dtype, emulate, workdir / f"engine-{label}-{dtype}")
+    except EngineRunError as error:
+        message, *tail = str(error).splitlines()
+        return [CheckResult("model", "FAIL", {**base, "check": "engine", "error": message}, tail)]
+    engine_dtype = getattr(torch, run["npu_path"]["dtype"])
+    base["dtype"] = dtype_name(engine_dtype)
+    min_cos = min_embedding_cosine(engine_dtype)
+    reference = hf_embeddings(str(model_dir), (engine_dtype,))
+    hf32 = reference[torch.float32]
+    results = [
+        _our_model_result(base, run),
+        _fused_calls_result(base, run),
+        cosine_result(base, "engine-vs-hf", run["batch"], hf32, min_cos),
+        cosine_result(base, "batch-vs-single", run["batch"], run["single"], min_cos),
+    ]
+    variants = run["variants"]
+    if run["variants_error"]:
+        fields = {**base, "check": "forward_packed", "error": run["variants_error"]}
+        results.append(CheckResult("model", "FAIL", fields))
+    results += [
+        cosine_result(base, f"forward_packed[{name}]-vs-hf", emb, hf32, min_cos)
+        for name, emb in variants.items()
+    ]
+    if variants:
+        fused, unfused = variants["all_on"], variants["all_off"]
+        results.append(cosine_result(base, "fused-vs-unfused", fused, unfused, min_cos))
+    if engine_dtype != torch.float32:
+        check = f"hf-{dtype_name(engine_dtype)}-vs-hf-fp32"
+        results.append(cosine_result(base, check, reference[engine_dtype], hf32, None))
+    return results
