@@ -28,8 +28,13 @@ PARITY_TEXTS = [
 ]
 
 # Checkpoint configurations for the parity runs: GQA ratios 1, 2 and 4, tied and untied
-# embeddings, float32 (fused attention through npu_fusion_attention) and bfloat16 (through
+# embeddings, head_dim 32 and 64; three in float32 (fused attention through
+# npu_fusion_attention: the fused-infer kernel has no float32) and one in bfloat16 (through
 # npu_fused_infer_attention_score).
+GQA4 = {
+    "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64,
+    "hidden_size": 160, "intermediate_size": 352,
+}
 ENGINE_CONFIGS: dict[str, dict] = {
     "gqa2_tied_fp32": {"dtype": "float32", "overrides": {}},
     "gqa1_untied_fp32": {
@@ -38,11 +43,8 @@ ENGINE_CONFIGS: dict[str, dict] = {
             "num_key_value_heads": 4, "tie_word_embeddings": False, "num_hidden_layers": 3,
         },
     },
-    "gqa4_bf16": {
-        "dtype": "bfloat16",
-        "overrides": {"num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64,
-                      "hidden_size": 160, "intermediate_size": 352},
-    },
+    "gqa4_fp32": {"dtype": "float32", "overrides": GQA4},
+    "gqa4_bf16": {"dtype": "bfloat16", "overrides": GQA4},
 }
 
 

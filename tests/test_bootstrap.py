@@ -140,6 +140,9 @@ def search_path_env(monkeypatch, tmp_path):
     for name in ("VLLM_NPU_EXT_OPP_PATH", "VLLM_NPU_EXT_BOOTSTRAP"):
         monkeypatch.delenv(name, raising=False)
     with restored_environ(SEARCH_PATH_VARIABLES):
+        # Start empty: modules imported earlier in this process (cv2) prepend their own.
+        for name in SEARCH_PATH_VARIABLES:
+            os.environ.pop(name, None)
         yield
 
 
