@@ -38,8 +38,10 @@ def _usage(commands) -> str:
         "  make-tiny-model DIR [--preset tiny|0.6b] [--seed N]\n"
         "                                 write a random-weight Qwen3 checkpoint + tokenizer\n"
         "  doctor [--json]                versions, NPU, custom-op paths, switches\n"
-        "  selfcheck [--model DIR] [--json] [--emulate]\n"
-        "                                 verify every fused operator on a real Ascend NPU"
+        "  selfcheck [--model DIR] [--json] [--quick] [--parts ops,model,bench,doctor]\n"
+        "            [--workdir DIR] [--emulate]\n"
+        "                                 verify every fused operator and the model on an\n"
+        "                                 Ascend NPU (exit 2 without one)"
     )
 
 
