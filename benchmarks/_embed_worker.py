@@ -1,0 +1,210 @@
+"""One side of `bench_embed.py` in its own process: a vLLM engine or Hugging Face transformers.
+
+    python benchmarks/_embed_worker.py SPEC_JSON
+
+SPEC_JSON (from bench_embed.py): {"kind": "vllm"|"hf", "model", "dtype", "max_model_len",
+"gpu_memory_utilization", "device", "emulate"}. The worker builds its side, answers one JSON
+line (start-up time, KV-cache bytes, ...), then serves commands, one JSON line each on stdin,
+each answered by one JSON line on stdout; everything else it prints goes to stderr:
+
+- {"op": "warmup", "scenario": S, "count": n}: embed n texts of S no timed pass uses;
+- {"op": "pass", "scenario": S, "batch_size": b, "repeat": r}: one timed pass;
+- {"op": "check"}: eight fixed embeddings, to compare the sides;
+- {"op": "quit"}: answers the peak RSS and exits.
+
+A scenario S is {"name", "texts_per_pass", "min_tokens", "max_tokens", "prefix_tokens"}.
+Pass texts are seeded by (scenario name, batch size, repeat): the same on every side, and
+new for every pass. With `prefix_tokens > 0`, one shared instruction precedes short queries.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import TextMaker, chunks, pass_seed, peak_rss_gib  # noqa: E402
+
+CHECK_TEXTS = 8
+
+
+class VllmSide:
+    """`LLM.embed` on an in-process engine (`VLLM_ENABLE_V1_MULTIPROCESSING=0`)."""
+
+    def __init__(self, spec: dict):
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        if spec.get("emulate"):
+            from vllm_npu_ext.testing import torch_npu_emulator
+
+            torch_npu_emulator.install()
+        from vllm import LLM
+
+        self.llm = LLM(
+            model=spec["model"], runner="pooling", convert="embed", dtype=spec["dtype"],
+            max_model_len=spec["max_model_len"], seed=0,
+            gpu_memory_utilization=spec["gpu_memory_utilization"],
+        )  # fmt: skip
+
+    def embed(self, texts: list[str], batch_size: int) -> list[list[float]]:
+        """One `LLM.embed` call per `batch_size` texts, in order."""
+        out = []
+        for chunk in chunks(texts, batch_size):
+            out += [o.outputs.embedding for o in self.llm.embed(list(chunk), use_tqdm=False)]
+        return out
+
+    def info(self) -> dict:
+        config = self.llm.llm_engine.vllm_config
+        return {
+            "kv_cache_bytes": sum(self.llm.collective_rpc(_kv_cache_bytes)),
+            "prefix_caching": bool(config.cache_config.enable_prefix_caching),
+            "chunked_prefill": bool(config.scheduler_config.enable_chunked_prefill),
+            "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
+            "model_classes": self.llm.apply_model(_class_names)[0],
+            "torch_threads": self.llm.collective_rpc(_torch_threads)[0],
+        }
+
+
+def _kv_cache_bytes(worker) -> int:
+    """Bytes of KV cache the worker allocated (tensors sharing storage counted once)."""
+    storages = {}
+    for tensor in _tensors(worker.model_runner.kv_caches):
+        storage = tensor.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
+
+
+def _torch_threads(worker) -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def _tensors(value):
+    if hasattr(value, "untyped_storage"):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
+
+
+def _class_names(model) -> list[str]:
+    return [f"{cls.__module__}.{cls.__qualname__}" for cls in type(model).__mro__]
+
+
+class HfSide:
+    """transformers the sentence-transformers way: length-sorted, left-padded batches.
+
+    Last-token pooling and L2 normalisation, as Qwen3-Embedding's model card does it;
+    `use_cache=False` so no decoder cache is built for a single forward.
+    """
+
+    def __init__(self, spec: dict):
+        import torch
+        from transformers import AutoModel, AutoTokenizer
+
+        if spec["device"] == "npu":
+            import torch_npu  # noqa: F401 - registers the "npu" device with torch
+
+        self.torch = torch
+        self.device = spec["device"]
+        self.max_length = spec["max_model_len"]
+        self.tokenizer = AutoTokenizer.from_pretrained(spec["model"], padding_side="left")
+        dtype = getattr(torch, spec["dtype"])
+        self.model = AutoModel.from_pretrained(spec["model"], dtype=dtype).to(self.device).eval()
+
+    def embed(self, texts: list[str], batch_size: int) -> list[list[float]]:
+        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+        out: list = [None] * len(texts)
+        for chunk in chunks(order, batch_size):
+            vectors = self._forward([texts[i] for i in chunk])
+            for i, vector in zip(chunk, vectors, strict=True):
+                out[i] = vector
+        return out
+
+    def _forward(self, texts: list[str]) -> list[list[float]]:
+        torch = self.torch
+        batch = self.tokenizer(
+            texts, padding=True, truncation=True, max_length=self.max_length,
+            return_tensors="pt",
+        ).to(self.device)  # fmt: skip
+        with torch.inference_mode():
+            hidden = self.model(**batch, use_cache=False).last_hidden_state[:, -1]
+            vectors = torch.nn.functional.normalize(hidden.float(), dim=-1)
+        return vectors.cpu().tolist()
+
+    def info(self) -> dict:
+        return {
+            "kv_cache_bytes": 0,
+            "prefix_caching": False,
+            "chunked_prefill": False,
+            "max_num_batched_tokens": None,
+            "model_classes": [type(self.model).__module__ + "." + type(self.model).__name__],
+            "torch_threads": self.torch.get_num_threads(),
+        }
+
+
+def scenario_texts(maker: TextMaker, scenario: dict, count: int, seed: int) -> list[str]:
+    if scenario["prefix_tokens"] > 0:
+        task = maker.instruction(scenario["prefix_tokens"])
+        return maker.queries(count, seed, task, scenario["max_tokens"])
+    return maker.mixed(count, seed, scenario["min_tokens"], scenario["max_tokens"])
+
+
+def warmup(side, maker: TextMaker, command: dict) -> dict:
+    scenario = command["scenario"]
+    texts = scenario_texts(maker, scenario, command["count"], pass_seed(scenario["name"], "warmup"))
+    side.embed(texts, len(texts))
+    return {"texts": len(texts)}
+
+
+def timed_pass(side, maker: TextMaker, command: dict) -> dict:
+    scenario, batch_size, repeat = command["scenario"], command["batch_size"], command["repeat"]
+    seed = pass_seed(scenario["name"], batch_size, repeat)
+    texts = scenario_texts(maker, scenario, scenario["texts_per_pass"], seed)
+    start = time.perf_counter()
+    vectors = side.embed(texts, batch_size)
+    seconds = time.perf_counter() - start
+    if len(vectors) != len(texts):
+        raise RuntimeError(f"{len(texts)} texts gave {len(vectors)} embeddings")
+    print(f"{scenario['name']} bs={batch_size} #{repeat}: {seconds:.2f} s", flush=True)
+    return {
+        "scenario": scenario["name"], "batch_size": batch_size, "repeat": repeat,
+        "texts": len(texts), "tokens": maker.count_tokens(texts), "seconds": seconds,
+        "load": os.getloadavg()[0],
+    }  # fmt: skip
+
+
+def check(side, maker: TextMaker, command: dict) -> dict:
+    texts = maker.mixed(CHECK_TEXTS, pass_seed("check"), 8, 64)
+    return {"check_embeddings": side.embed(texts, CHECK_TEXTS)}
+
+
+COMMANDS = {"warmup": warmup, "pass": timed_pass, "check": check}
+
+
+def main() -> None:
+    spec = json.loads(sys.argv[1])
+    replies = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # vLLM logs to stdout; keep that for replies only
+    start = time.perf_counter()
+    side = VllmSide(spec) if spec["kind"] == "vllm" else HfSide(spec)
+    startup_seconds = time.perf_counter() - start
+    maker = TextMaker(spec["model"])
+    print(json.dumps({"startup_seconds": startup_seconds, **side.info()}), file=replies)
+    for line in sys.stdin:
+        command = json.loads(line)
+        if command["op"] == "quit":
+            break
+        print(json.dumps(COMMANDS[command["op"]](side, maker, command)), file=replies)
+    print(json.dumps({"peak_rss_gib": peak_rss_gib()}), file=replies)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,252 @@
+#!/usr/bin/env python
+"""Load against a running `/v1/embeddings` server: requests/s, tokens/s, latency, errors.
+
+    vllm-npu-ext serve MODEL &                       # or any OpenAI-compatible server
+    python benchmarks/bench_serve.py --url http://127.0.0.1:8000
+    python benchmarks/bench_serve.py --requests 2000 --concurrency 64   # the big load test
+
+For each concurrency level (default 1, 4, 16, 64), `--requests` requests are sent by that
+many closed-loop clients (each sends its next request when the previous one answers). Texts
+are new for every level (a prefix cache cannot answer them) with log-uniform lengths of
+`--min-words`..`--max-words` words; tokens are the server's own `usage.prompt_tokens`.
+Every `--probe-every`-th request repeats one of a few fixed probe texts: embeddings of the
+same text must agree whatever they were batched with (`min probe cos`, 1.0 = identical).
+
+Output: a markdown table, then one JSON line. Exit status 1 when a request failed or the
+probe embeddings disagree (below `--min-cosine`). `tests/test_load.py` and
+`tests/test_faults.py` drive `run_load` from this module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import math
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import cosine, markdown_table, median  # noqa: E402
+
+from vllm_npu_ext.tiny_model import corpus  # noqa: E402
+
+PROBE_TEXTS = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """One POST to /v1/embeddings: a JSON body, or raw bytes (for malformed requests)."""
+
+    body: Any
+    probe: str | None = None  # requests with the same probe key carry the same text ...
+    probe_index: int = 0  # ... at this position of their input
+    keep_embedding: bool = False
+
+    def probe_embedding(self, embeddings: list[list[float]]) -> list[float]:
+        return embeddings[self.probe_index]
+
+    def send_kwargs(self) -> dict:
+        if isinstance(self.body, bytes):
+            return {"content": self.body, "headers": {"content-type": "application/json"}}
+        return {"json": self.body}
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What came back for one request (status 0: no HTTP answer, see `error`)."""
+
+    request: Request
+    status: int
+    seconds: float
+    prompt_tokens: int = 0
+    error: str | None = None
+    embeddings: list[list[float]] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and self.error is None
+
+
+async def _send(client: httpx.AsyncClient, url: str, request: Request) -> Outcome:
+    start = time.perf_counter()
+    try:
+        response = await client.post(url, **request.send_kwargs())
+    except httpx.HTTPError as error:
+        return Outcome(request, 0, time.perf_counter() - start, error=repr(error))
+    seconds = time.perf_counter() - start
+    try:
+        payload = response.json()
+    except ValueError:
+        return Outcome(request, response.status_code, seconds, error=response.text[:200])
+    if response.status_code != 200:
+        message = (payload.get("error") or {}).get("message") if isinstance(payload, dict) else None
+        return Outcome(request, response.status_code, seconds, error=message or str(payload))
+    outcome = Outcome(request, 200, seconds, payload.get("usage", {}).get("prompt_tokens", 0))
+    if request.probe is not None or request.keep_embedding:
+        outcome.embeddings = [d["embedding"] for d in sorted(payload["data"], key=_index)]
+    return outcome
+
+
+def _index(item: dict) -> int:
+    return item["index"]
+
+
+async def run_load_async(
+    base_url: str,
+    requests: list[Request],
+    concurrency: int,
+    timeout: float = 120.0,
+    progress: bool = False,
+) -> tuple[list[Outcome], float]:
+    """Send `requests` with `concurrency` closed-loop clients -> (outcomes in order, wall s)."""
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    url = base_url.rstrip("/") + "/v1/embeddings"
+    outcomes: list[Outcome | None] = [None] * len(requests)
+    queue = iter(range(len(requests)))
+    bar = _progress_bar(len(requests), concurrency) if progress else None
+
+    async def client_loop():
+        # One connection per client: httpx's shared pool costs O(connections) per request.
+        async with httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=1)) as c:
+            for i in queue:  # shared iterator: each index is taken by exactly one client
+                outcomes[i] = await _send(c, url, requests[i])
+                if bar is not None:
+                    bar.update(1)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(client_loop() for _ in range(concurrency)))
+    wall = time.perf_counter() - start
+    if bar is not None:
+        bar.close()
+    return outcomes, wall  # type: ignore[return-value]
+
+
+def run_load(base_url: str, requests: list[Request], concurrency: int, **kwargs):
+    """Blocking `run_load_async`."""
+    return asyncio.run(run_load_async(base_url, requests, concurrency, **kwargs))
+
+
+def _progress_bar(total: int, concurrency: int):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=f"concurrency {concurrency}", unit="req", file=sys.stderr)
+
+
+def word_texts(count: int, seed: int, min_words: int, max_words: int) -> list[str]:
+    """`count` texts with log-uniform word counts in [min_words, max_words]."""
+    if not 1 <= min_words <= max_words:
+        raise ValueError(f"need 1 <= min_words <= max_words, got {min_words}, {max_words}")
+    rng = random.Random(seed)
+    words = " ".join(corpus(num_sentences=count * max_words // 8 + 8, seed=seed)).split()
+    texts = []
+    for _ in range(count):
+        n = round(math.exp(rng.uniform(math.log(min_words), math.log(max_words))))
+        start = rng.randrange(max(1, len(words) - n))
+        texts.append(" ".join(words[start : start + n]))
+    return texts
+
+
+def load_requests(
+    model: str, count: int, seed: int, min_words: int, max_words: int, probe_every: int
+) -> list[Request]:
+    """Mixed-length single-text requests; every `probe_every`-th repeats a probe text."""
+    texts = word_texts(count, seed, min_words, max_words)
+    probes = word_texts(PROBE_TEXTS, 7, min_words, max_words)
+    requests = []
+    for i, text in enumerate(texts):
+        if probe_every and i % probe_every == 0:
+            key = i // probe_every % len(probes)
+            requests.append(Request({"model": model, "input": probes[key]}, probe=str(key)))
+        else:
+            requests.append(Request({"model": model, "input": text}))
+    return requests
+
+
+def min_probe_cosine(outcomes: list[Outcome]) -> float:
+    """Smallest cosine between an embedding of a probe text and its first embedding."""
+    first: dict[str, list[float]] = {}
+    worst = 1.0
+    for outcome in outcomes:
+        if outcome.ok and outcome.request.probe is not None:
+            vector = outcome.request.probe_embedding(outcome.embeddings)
+            reference = first.setdefault(outcome.request.probe, vector)
+            worst = min(worst, cosine(vector, reference))
+    return worst
+
+
+def summarise(outcomes: list[Outcome], wall: float) -> dict:
+    """requests/s and tokens/s of the successful requests, latency percentiles, errors."""
+    ok = [o for o in outcomes if o.ok]
+    latencies = sorted(o.seconds for o in outcomes)
+    return {
+        "requests": len(outcomes),
+        "errors": len(outcomes) - len(ok),
+        "requests_per_s": len(ok) / wall,
+        "tokens_per_s": sum(o.prompt_tokens for o in ok) / wall,
+        "p50_ms": 1000 * median(latencies),
+        "p99_ms": 1000 * latencies[min(len(latencies) - 1, math.ceil(0.99 * len(latencies)) - 1)],
+        "min_probe_cosine": min_probe_cosine(outcomes),
+        "first_errors": sorted({f"{o.status}: {o.error}" for o in outcomes if not o.ok})[:5],
+    }
+
+
+def served_model(base_url: str) -> str:
+    response = httpx.get(base_url.rstrip("/") + "/v1/models", timeout=30)
+    response.raise_for_status()
+    return response.json()["data"][0]["id"]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", default="http://127.0.0.1:8000")
+    parser.add_argument("--model", help="model name (default: the server's first)")
+    parser.add_argument("--concurrency", default="1,4,16,64",
+                        type=lambda s: [int(v) for v in s.split(",")])  # fmt: skip
+    parser.add_argument("--requests", type=int, default=200, help="per concurrency level")
+    parser.add_argument("--min-words", type=int, default=6)
+    parser.add_argument("--max-words", type=int, default=380)
+    parser.add_argument("--probe-every", type=int, default=10)
+    parser.add_argument("--min-cosine", type=float, default=0.99999)
+    parser.add_argument("--timeout", type=float, default=300, help="seconds per request")
+    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--json-out", type=Path)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    model = args.model or served_model(args.url)
+    rows, levels = [], {}
+    for level in args.concurrency:
+        requests = load_requests(
+            model, args.requests, level, args.min_words, args.max_words, args.probe_every
+        )
+        outcomes, wall = run_load(
+            args.url, requests, level, timeout=args.timeout, progress=not args.no_progress
+        )
+        levels[level] = summary = summarise(outcomes, wall)
+        rows.append([level, summary["requests"], summary["requests_per_s"],
+                     summary["tokens_per_s"], summary["p50_ms"], summary["p99_ms"],
+                     summary["errors"], f"{summary['min_probe_cosine']:.6f}"])  # fmt: skip
+    header = ["concurrency", "requests", "requests/s", "tokens/s", "p50 ms", "p99 ms",
+              "errors", "min probe cos"]  # fmt: skip
+    print(markdown_table(header, rows))
+    failed = any(s["errors"] or s["min_probe_cosine"] < args.min_cosine for s in levels.values())
+    line = json.dumps({"url": args.url, "model": model, "levels": levels, "ok": not failed})
+    if args.json_out:
+        args.json_out.write_text(line + "\n")
+    print(line)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
