@@ -53,3 +53,15 @@ def test_unknown_command_exits_2(capsys):
     assert cli.main(["nonsense"]) == 2
     assert "usage: vllm-npu-ext" in capsys.readouterr().err
     assert cli.main(["--help"]) == 0
+
+
+def test_small_cpu_machine_binds_every_core_for_one_rank(monkeypatch):
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.setattr(cli, "_on_cpu", lambda: True)
+    monkeypatch.setattr(cli.os, "sched_getaffinity", lambda pid: {0, 1})
+    assert cli.cpu_thread_binding(["x", "--model", "m"]) == "0,1"
+    assert cli.cpu_thread_binding(["x", "--tensor-parallel-size", "2"]) is None
+    monkeypatch.setattr(cli.os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert cli.cpu_thread_binding(["x"]) is None
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0")
+    assert cli.cpu_thread_binding(["x"]) is None
