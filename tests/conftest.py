@@ -101,20 +101,13 @@ def engine_runs(tmp_path_factory) -> EngineRuns:
 def embedding_server(tiny_model_dir, tmp_path_factory):
     """`vllm-npu-ext serve` on the tiny checkpoint (float32), shared by all HTTP tests."""
     from support.bootstrap_probe import probe_server_env
-    from support.server import Server
+    from support.server import running_server
 
     root = tmp_path_factory.mktemp("server")
     probe_dir = root / "probe"
     probe_dir.mkdir()
-    server = Server(
-        [str(tiny_model_dir), "--dtype", "float32", "--max-model-len", "128",
-         "--gpu-memory-utilization", "0.3"],
-        log_path=root / "server.log",
-        env=probe_server_env(probe_dir),
-    )  # fmt: skip
-    server.probe_dir = probe_dir
-    try:
-        server.wait_healthy()
+    args = [str(tiny_model_dir), "--dtype", "float32", "--max-model-len", "128",
+            "--gpu-memory-utilization", "0.3"]  # fmt: skip
+    with running_server(args, root / "server.log", probe_server_env(probe_dir)) as server:
+        server.probe_dir = probe_dir
         yield server
-    finally:
-        server.stop()

@@ -21,7 +21,7 @@ import time
 import httpx
 import pytest
 from support.loadgen import Request, cosine, embed_alone, run_load, served_model, word_texts
-from support.server import Server
+from support.server import running_server
 from tokenizers import Tokenizer
 
 MIN_COSINE = 0.99999
@@ -47,16 +47,10 @@ def long_text(tokenizer) -> str:
 @pytest.fixture(scope="module")
 def chunked_server(tiny_model_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("chunked_server")
-    server = Server(
-        [str(tiny_model_dir), "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN),
-         "--gpu-memory-utilization", "0.3", "--pooler-config", json.dumps(CHUNKED_POOLER)],
-        log_path=root / "server.log",
-    )  # fmt: skip
-    try:
-        server.wait_healthy()
+    args = [str(tiny_model_dir), "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN),
+            "--gpu-memory-utilization", "0.3", "--pooler-config", json.dumps(CHUNKED_POOLER)]
+    with running_server(args, root / "server.log") as server:
         yield server
-    finally:
-        server.stop()
 
 
 def _embed(server, body: dict) -> httpx.Response:

@@ -11,7 +11,7 @@ import os
 
 import pytest
 from support.loadgen import cosine, embed_alone, embed_batch, served_model, word_texts
-from support.server import Server
+from support.server import running_server
 
 MIN_COSINE = 0.99999
 TP = 2
@@ -30,17 +30,11 @@ def _rank_cores() -> str:
 @pytest.fixture(scope="module")
 def tp_server(tiny_model_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("tp_server")
-    server = Server(
-        [str(tiny_model_dir), "--dtype", "float32", "--max-model-len", "128",
-         "--gpu-memory-utilization", "0.3", "--tensor-parallel-size", str(TP)],
-        log_path=root / "server.log",
-        env={"VLLM_CPU_OMP_THREADS_BIND": _rank_cores()},
-    )  # fmt: skip
-    try:
-        server.wait_healthy()
+    args = [str(tiny_model_dir), "--dtype", "float32", "--max-model-len", "128",
+            "--gpu-memory-utilization", "0.3", "--tensor-parallel-size", str(TP)]
+    env = {"VLLM_CPU_OMP_THREADS_BIND": _rank_cores()}
+    with running_server(args, root / "server.log", env) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.mark.parametrize("batched", [False, True], ids=["one text per request", "one batch"])

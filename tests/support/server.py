@@ -28,6 +28,17 @@ def console_script() -> str:
     return str(script)
 
 
+@contextlib.contextmanager
+def running_server(args: list[str], log_path: Path, env: dict[str, str] | None = None):
+    """A healthy `Server` for the `with` block; stopped afterwards whatever happened."""
+    server = Server(args, log_path, env)
+    try:
+        server.wait_healthy()
+        yield server
+    finally:
+        server.stop()
+
+
 class Server:
     """A server process (own process group, so its engine children die with it)."""
 
