@@ -6,21 +6,15 @@ package is checked against the installed vLLM, which must report nothing missing
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from support.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location(
-    "check_vllm_compat", ROOT / "scripts" / "check_vllm_compat.py"
-)
-checker = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = checker  # dataclasses resolve their module through sys.modules
-spec.loader.exec_module(checker)
+checker = load_script("scripts/check_vllm_compat.py")
 
 FAKE_VLLM = {
     "__init__.py": """

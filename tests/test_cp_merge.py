@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
+from support.scripts import load_script
 
 from vllm_npu_ext.ops.attention_merge import attention_update_reference
 from vllm_npu_ext.ops.cp_merge import (
@@ -20,16 +20,7 @@ from vllm_npu_ext.ops.cp_merge import (
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def load_benchmark():
-    spec = importlib.util.spec_from_file_location(
-        "bench_cp_merge", ROOT / "benchmarks" / "bench_cp_merge.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = load_benchmark()
+bench = load_script("benchmarks/bench_cp_merge.py")
 
 
 def random_buffer(world, bs, heads, head_dim, seed=0):

@@ -4,14 +4,15 @@ test_torch_npu_emulator_math.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
+import os
 import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 import torch
+from support.scripts import load_script
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from vllm_npu_ext.ops import dispatch
@@ -19,21 +20,15 @@ from vllm_npu_ext.testing import torch_npu_emulator as emu
 from vllm_npu_ext.testing.torch_npu_emulator import _schema
 
 ROOT = Path(__file__).resolve().parent.parent
-WHEEL = Path("/work/refsrc/torch_npu-2.14.0-cp311-cp311-manylinux_2_28_x86_64.whl")
+# Where a downloaded torch-npu wheel may be (TORCH_NPU_WHEEL); checked against it when present.
+WHEEL = Path(
+    os.environ.get("TORCH_NPU_WHEEL", "torch_npu-2.14.0-cp311-cp311-manylinux_2_28_x86_64.whl")
+)
 MASK = torch.triu(torch.ones(2048, 2048, dtype=torch.bool), diagonal=1)
 BF16 = torch.bfloat16
 
 
-def _load_extractor():
-    spec = importlib.util.spec_from_file_location(
-        "extract_torch_npu_schemas", ROOT / "scripts" / "extract_torch_npu_schemas.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-extractor = _load_extractor()
+extractor = load_script("scripts/extract_torch_npu_schemas.py")
 
 
 @pytest.fixture(autouse=True)

@@ -3,7 +3,7 @@
 vllm-ascend cannot be imported here (it needs torch_npu), so the original
 `_process_attn_out_lse` / `_npu_attention_update` are taken verbatim from its sdist and run
 with vLLM's group accessors replaced by gloo-backed stand-ins and torch_npu by the emulator.
-The sdist is found through VLLM_ASCEND_SDIST, the reference checkout, build/sdist, or
+The sdist is found through VLLM_ASCEND_SDIST, build/sdist, or
 downloaded from PyPI by scripts/check_vllm_ascend_patch.py.
 """
 
@@ -21,22 +21,16 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from support.scripts import load_script
 from test_cp_multiprocess import cp_groups, run_ranks
 
 from vllm_npu_ext.patches import apply_patches, vllm_ascend_cp
 from vllm_npu_ext.testing import torch_npu_emulator
 
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location(
-    "check_vllm_ascend_patch", ROOT / "scripts" / "check_vllm_ascend_patch.py"
-)
-check_script = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(check_script)
+check_script = load_script("scripts/check_vllm_ascend_patch.py")
 
-SDIST_CANDIDATES = (
-    Path("/work/refsrc") / check_script.SDIST_NAME,
-    ROOT / "build" / "sdist" / check_script.SDIST_NAME,
-)
+SDIST_CANDIDATES = (ROOT / "build" / "sdist" / check_script.SDIST_NAME,)
 
 
 def find_or_download_sdist() -> Path:
