@@ -60,12 +60,16 @@ def test_fused_op_matches_cpu_reference_at_qwen3_embedding_shapes(torch_npu, cas
     _assert_parity_on_device(torch_npu, case)
 
 
+@pytest.mark.npu_custom_op
 @pytest.mark.parametrize("case", CUSTOM_OP_CASES, ids=str)
 def test_custom_attention_update_matches_cpu_reference(torch_npu, case):
     from vllm_npu_ext.cann_ops.binding import custom_kernel_available
 
     if not custom_kernel_available(torch.device("npu")):
-        pytest.skip("NpuExtAttentionUpdate is not installed (build vllm_npu_ext/cann_ops first)")
+        pytest.fail(
+            "NpuExtAttentionUpdate is not installed: build and install vllm_npu_ext/cann_ops "
+            "(its README), or leave these cases out with -m 'npu and not npu_custom_op'"
+        )
     _assert_parity_on_device(torch_npu, case)
 
 
