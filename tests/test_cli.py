@@ -15,8 +15,17 @@ def test_serve_defaults_to_pooling_embed_and_validation(tmp_path):
     assert command[4] == str(tmp_path)
     joined = " ".join(command)
     assert "--runner pooling" in joined and "--convert embed" in joined
-    assert f"--middleware {cli.MIDDLEWARE}" in joined
+    for middleware in cli.MIDDLEWARES:
+        assert f"--middleware {middleware}" in joined
     assert json.loads(command[command.index("--hf-overrides") + 1]) == {"is_matryoshka": True}
+
+
+def test_serve_adds_its_middleware_after_the_users(tmp_path):
+    command = cli.serve_command([str(tmp_path), "--middleware", "my.Middleware"])
+    values = [command[i + 1] for i, arg in enumerate(command) if arg == "--middleware"]
+    assert values == ["my.Middleware", *cli.MIDDLEWARES]
+    again = cli.serve_command([str(tmp_path), "--middleware", cli.MIDDLEWARES[1]])
+    assert again.count(cli.MIDDLEWARES[1]) == 1
 
 
 def test_serve_keeps_user_choices(tmp_path):

@@ -1,16 +1,21 @@
-"""The embeddings request validator, as a pure function and as ASGI middleware."""
+"""The embeddings request validator (a pure function and ASGI middleware) and the shutdown
+guard, driven by fake apps and engines."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import re
+import time
+import types
 
 import pytest
 
 from vllm_npu_ext.entrypoints.middleware import (
     MAX_INPUTS,
+    SHUTDOWN_MESSAGE,
     EmbeddingRequestValidator,
+    ShutdownGuard,
     validate_embedding_request,
 )
 
@@ -72,3 +77,115 @@ def test_middleware_passes_the_same_body_on(path, body):
     seen, sent = _call(path, body)
     assert seen["body"] == body
     assert sent[0]["status"] == 200
+
+
+class _Engine:
+    def __init__(self) -> None:
+        self.errored = False
+
+
+class _Downstream:
+    """The wrapped app: answers after `answer_after` s (never when None), optionally streaming."""
+
+    def __init__(self, engine: _Engine | None, answer_after: float | None, start_first=False):
+        self.state = types.SimpleNamespace(engine_client=engine) if engine else object()
+        self.answer_after = answer_after
+        self.start_first = start_first
+        self.called = False
+        self.cancelled = False
+
+    async def __call__(self, scope, receive, send):
+        self.called = True
+        try:
+            if self.start_first:
+                await send({"type": "http.response.start", "status": 200, "headers": []})
+            await asyncio.sleep(3600 if self.answer_after is None else self.answer_after)
+            if not self.start_first:
+                await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"answer"})
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+
+
+def _guarded(downstream: _Downstream, stop_after: float | None, calls: int = 1):
+    """Runs `calls` requests through a fast ShutdownGuard; the engine stops after `stop_after`."""
+    guard = ShutdownGuard(downstream)
+    guard.poll_s, guard.grace_s, guard.cancel_wait_s = 0.01, 0.2, 0.1
+    sent: list[list[dict]] = [[] for _ in range(calls)]
+
+    async def receive():
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def request(i: int):
+        async def send(message):
+            sent[i].append(message)
+
+        scope = {"type": "http", "method": "POST", "path": "/v1/embeddings", "app": downstream}
+        await guard(scope, receive, send)
+
+    async def main():
+        async def stop():
+            if stop_after is not None:
+                await asyncio.sleep(stop_after)
+                downstream.state.engine_client.errored = True
+
+        stopper = asyncio.ensure_future(stop())
+        start = time.monotonic()
+        await asyncio.wait_for(asyncio.gather(*(request(i) for i in range(calls))), timeout=10)
+        elapsed = time.monotonic() - start
+        await stopper
+        return elapsed
+
+    return asyncio.run(main()), sent
+
+
+def _status(messages: list[dict]) -> int | None:
+    starts = [m for m in messages if m["type"] == "http.response.start"]
+    return starts[0]["status"] if starts else None
+
+
+def test_guard_answers_503_when_the_engine_stops_under_a_waiting_request():
+    downstream = _Downstream(_Engine(), answer_after=None)
+    elapsed, sent = _guarded(downstream, stop_after=0.05, calls=3)
+    assert elapsed < 2
+    assert downstream.cancelled
+    for messages in sent:
+        assert _status(messages) == 503
+        error = json.loads(messages[-1]["body"])["error"]
+        assert error["message"] == SHUTDOWN_MESSAGE and error["code"] == 503
+
+
+def test_guard_keeps_answers_that_finish_within_the_grace_period():
+    downstream = _Downstream(_Engine(), answer_after=0.15)
+    _, sent = _guarded(downstream, stop_after=0.05)
+    assert _status(sent[0]) == 200 and sent[0][-1]["body"] == b"answer"
+    assert not downstream.cancelled
+
+
+def test_guard_passes_answers_through_while_the_engine_runs():
+    downstream = _Downstream(_Engine(), answer_after=0.01)
+    _, sent = _guarded(downstream, stop_after=None, calls=2)
+    assert [_status(m) for m in sent] == [200, 200]
+
+
+def test_guard_answers_503_at_once_after_the_engine_stopped():
+    engine = _Engine()
+    engine.errored = True
+    downstream = _Downstream(engine, answer_after=0.01)
+    elapsed, sent = _guarded(downstream, stop_after=None)
+    assert _status(sent[0]) == 503 and not downstream.called
+    assert elapsed < 0.5
+
+
+def test_guard_sends_nothing_more_once_a_response_started():
+    downstream = _Downstream(_Engine(), answer_after=None, start_first=True)
+    _, sent = _guarded(downstream, stop_after=0.05)
+    assert [m["type"] for m in sent[0]] == ["http.response.start"]
+    assert downstream.cancelled
+
+
+def test_guard_leaves_apps_without_an_engine_alone():
+    downstream = _Downstream(None, answer_after=0.01)
+    _, sent = _guarded(downstream, stop_after=None)
+    assert _status(sent[0]) == 200 and downstream.called

@@ -8,7 +8,11 @@ import sys
 from collections.abc import Sequence
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
-MIDDLEWARE = "vllm_npu_ext.entrypoints.middleware.EmbeddingRequestValidator"
+# Added to every server, after any `--middleware` of the user's (the guard outermost).
+MIDDLEWARES = (
+    "vllm_npu_ext.entrypoints.middleware.EmbeddingRequestValidator",
+    "vllm_npu_ext.entrypoints.middleware.ShutdownGuard",
+)
 # CPU only: vLLM refuses to start unless this fraction of NUMA node 0's memory is free, and
 # its default (0.92) fails whenever anything else runs. A cache-free pooling run needs no KV
 # cache at all.
@@ -66,7 +70,10 @@ def serve_command(args: Sequence[str]) -> list[str]:
         if not _has_flag(rest, "--served-model-name"):
             rest = [*rest, "--served-model-name", DEFAULT_MODEL_NAME]
     command = [sys.executable, "-m", SERVER_MODULE, "--model", model, *rest]
-    defaults = {"--runner": ["pooling"], "--convert": ["embed"], "--middleware": [MIDDLEWARE]}
+    for middleware in MIDDLEWARES:
+        if middleware not in rest:
+            command += ["--middleware", middleware]
+    defaults = {"--runner": ["pooling"], "--convert": ["embed"]}
     if _flag_value(rest, "--runner", "pooling") == "pooling":
         # Qwen3-Embedding is trained with matryoshka dimensions; vLLM rejects `dimensions`
         # unless the config says so.
