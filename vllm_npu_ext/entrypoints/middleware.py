@@ -185,9 +185,7 @@ class ShutdownGuard:
 
 
 def _engine_client(scope):
-    app = scope.get("app")
-    state = getattr(app, "state", None)
-    return getattr(state, "engine_client", None) if state is not None else None
+    return getattr(getattr(scope.get("app"), "state", None), "engine_client", None)
 
 
 def _engine_stopped(engine) -> bool:
