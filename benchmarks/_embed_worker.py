@@ -29,6 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import TextMaker, chunks, pass_seed, peak_rss_gib  # noqa: E402
 
+from vllm_npu_ext.selfcheck.engine_probe import class_names  # noqa: E402
+
 CHECK_TEXTS = 8
 
 
@@ -38,7 +40,7 @@ class VllmSide:
     def __init__(self, spec: dict):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if spec.get("emulate"):
-            from vllm_npu_ext.testing import torch_npu_emulator
+            from vllm_npu_ext import emulator as torch_npu_emulator
 
             torch_npu_emulator.install()
         from vllm import LLM
@@ -63,7 +65,7 @@ class VllmSide:
             "prefix_caching": bool(config.cache_config.enable_prefix_caching),
             "chunked_prefill": bool(config.scheduler_config.enable_chunked_prefill),
             "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
-            "model_classes": self.llm.apply_model(_class_names)[0],
+            "model_classes": self.llm.apply_model(class_names)[0],
             "torch_threads": self.llm.collective_rpc(_torch_threads)[0],
         }
 
@@ -92,10 +94,6 @@ def _tensors(value):
     elif isinstance(value, dict):
         for item in value.values():
             yield from _tensors(item)
-
-
-def _class_names(model) -> list[str]:
-    return [f"{cls.__module__}.{cls.__qualname__}" for cls in type(model).__mro__]
 
 
 class HfSide:

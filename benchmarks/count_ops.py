@@ -85,8 +85,8 @@ def main() -> int:
     args = parser.parse_args()
     tokens = [int(t) for t in args.tokens.split(",")]
 
+    from vllm_npu_ext import emulator
     from vllm_npu_ext.envs import FUSIONS, FusionConfig
-    from vllm_npu_ext.testing import torch_npu_emulator as emulator
     from vllm_npu_ext.tiny_model import make_tiny_model
 
     model_dir = args.model or str(make_tiny_model(tempfile.mkdtemp(prefix="count_ops_")))

@@ -3,7 +3,7 @@
 Reads `torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml` straight out of a torch-npu
 wheel (a zip; nothing is installed), keeps the `func:` schema strings of the emulated
 operators (every overload), parses each into its argument list and writes
-`vllm_npu_ext/testing/torch_npu_schemas.json` together with the wheel's name and version.
+`vllm_npu_ext/emulator/torch_npu_schemas.json` together with the wheel's name and version.
 
     python scripts/extract_torch_npu_schemas.py path/to/torch_npu-2.14.0-...whl
     python scripts/extract_torch_npu_schemas.py --download 2.14.0
@@ -24,7 +24,7 @@ import yaml
 
 YAML_PATH = "torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml"
 DEFAULT_OUTPUT = (
-    Path(__file__).resolve().parent.parent / "vllm_npu_ext" / "testing" / "torch_npu_schemas.json"
+    Path(__file__).resolve().parent.parent / "vllm_npu_ext" / "emulator" / "torch_npu_schemas.json"
 )
 OPERATORS = (
     "npu_fused_infer_attention_score",

@@ -7,6 +7,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from vllm.v1.attention.ops.dcp import _lse_weighted_combine
 
+from vllm_npu_ext import emulator as torch_npu_emulator
+from vllm_npu_ext.emulator import cann_ops as emulated_cann_ops
 from vllm_npu_ext.ops import attention_merge as update_module
 from vllm_npu_ext.ops import attention_update
 from vllm_npu_ext.ops.attention_merge import (
@@ -15,8 +17,7 @@ from vllm_npu_ext.ops.attention_merge import (
     attention_update_reference,
     check_attention_update_args,
 )
-from vllm_npu_ext.testing import emulated_cann_ops, torch_npu_emulator
-from vllm_npu_ext.tolerances import op_tolerance
+from vllm_npu_ext.selfcheck.tolerances import op_tolerance
 
 NEG_INF = float("-inf")
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -146,6 +147,15 @@ def test_bad_arguments_raise_value_error_naming_them(case):
             fn(lse, out, update_type)
     with pytest.raises((ValueError, RuntimeError), match=argument):
         torch.ops.vllm_npu_ext.attention_update(lse, out, update_type)
+
+
+def test_more_rows_than_the_kernel_indexes_raise_value_error_naming_n():
+    rows = update_module.MAX_ROWS + 1  # meta tensors: shapes without memory
+    lse = torch.empty(2, rows, device="meta")
+    out = torch.empty(2, rows, 8, device="meta")
+    with pytest.raises(ValueError, match=r"^lse: N \(dim 1\) must be at most 2147483647"):
+        check_attention_update_args(lse, out)
+    check_attention_update_args(lse[:, :-1], out[:, :-1])  # the largest N passes
 
 
 @pytest.mark.parametrize("update_type", [0, 1])

@@ -34,7 +34,7 @@ from vllm_npu_ext.cann_ops.npu_ext_attention_update.torch_binding import (
     torchair_converter,
 )
 from vllm_npu_ext.ops import attention_merge as public
-from vllm_npu_ext.tolerances import op_tolerance
+from vllm_npu_ext.selfcheck.tolerances import op_tolerance
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]

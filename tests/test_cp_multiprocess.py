@@ -8,78 +8,15 @@ rank's result must equal unsharded causal attention for its DCP head block.
 
 from __future__ import annotations
 
-import datetime
-import json
-import os
-import socket
-import time
-from pathlib import Path
-
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+from support.cp_ranks import cp_groups, run_ranks
 
 from vllm_npu_ext.ops.cp_merge import cp_decode_merge
 
 SEQ_LENS = (1, 3, 17, 40, 9)  # shorter than the world for some: ranks without keys
 QUERY_LENS = (1, 1, 2, 1, 2)  # decode tokens (2: a speculative step) at the end of each
 HEADS_PER_RANK, KV_HEADS, HEAD_DIM = 4, 2, 64
-TIMEOUT_S = 60
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _rank_entry(rank, world, port, worker, args, result_dir):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group(
-        "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=TIMEOUT_S)
-    )
-    try:
-        result = worker(rank, world, *args)
-        Path(result_dir, f"rank{rank}.json").write_text(json.dumps(result))
-    finally:
-        dist.destroy_process_group()
-
-
-def run_ranks(worker, world: int, args: tuple, result_dir: Path) -> list:
-    """Run `worker(rank, world, *args)` in `world` spawned gloo processes; their results.
-
-    worker must be a module-level function returning something JSON-serialisable.
-    """
-    context = mp.start_processes(
-        _rank_entry,
-        args=(world, free_port(), worker, args, str(result_dir)),
-        nprocs=world,
-        join=False,
-        start_method="spawn",
-    )
-    deadline = time.monotonic() + 2 * TIMEOUT_S
-    # join() returns False while some rank still runs, raises if one failed.
-    while not context.join(timeout=max(0.0, deadline - time.monotonic())):
-        if time.monotonic() >= deadline:
-            for process in context.processes:
-                process.terminate()
-            pytest.fail(f"ranks did not finish within {2 * TIMEOUT_S} s")
-    return [json.loads(Path(result_dir, f"rank{r}.json").read_text()) for r in range(world)]
-
-
-def cp_groups(rank: int, dcp: int, pcp: int):
-    """This rank's (DCP group, PCP group); rank = pcp_rank * dcp + dcp_rank."""
-    mine = []
-    for pcp_rank in range(pcp):
-        ranks = [pcp_rank * dcp + d for d in range(dcp)]
-        group = dist.new_group(ranks)
-        mine += [group] if rank in ranks else []
-    for dcp_rank in range(dcp):
-        ranks = [p * dcp + dcp_rank for p in range(pcp)]
-        group = dist.new_group(ranks)
-        mine += [group] if rank in ranks else []
-    return tuple(mine)
 
 
 def attention_with_lse(q, k, v, q_pos, k_pos):

@@ -14,6 +14,7 @@ import time
 
 import httpx
 import pytest
+from support.hf_oracle import MIN_COSINE
 from support.loadgen import (
     Request,
     cosine,
@@ -24,7 +25,6 @@ from support.loadgen import (
     word_texts,
 )
 
-MIN_COSINE = 0.99999
 GOOD_TEXTS = 12
 ABANDONED_WORK_DROPPED_WITHIN_S = 30
 # Marks of a request the server failed to handle (vLLM/uvicorn log these on a crash).

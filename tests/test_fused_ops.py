@@ -1,8 +1,9 @@
 """Each fused NPU operator path (run under the torch_npu emulator) against its PyTorch reference.
 
-Dtypes x odd sizes x GQA ratios: the cases of `vllm_npu_ext.testing.parity_tables.UNIT_CASES`,
+Dtypes x odd sizes x GQA ratios: the cases of `vllm_npu_ext.selfcheck.parity_tables.UNIT_CASES`,
 which the NPU tier (tests/test_npu_tier.py) runs on a real device, compared by
-`vllm_npu_ext.testing.parity_cases` under the shared tolerances of `vllm_npu_ext.tolerances`.
+`vllm_npu_ext.selfcheck.parity_cases` under the shared tolerances of
+`vllm_npu_ext.selfcheck.tolerances`.
 Every test also checks that the fused operator really ran (the emulator counts calls), so a
 silent fall-back to the reference cannot pass.
 """
@@ -12,12 +13,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from vllm_npu_ext import emulator
+from vllm_npu_ext.emulator import cann_ops as emulated_cann_ops
 from vllm_npu_ext.ops import activation, attention, rotary
 from vllm_npu_ext.ops.packed import PackedSeqs
-from vllm_npu_ext.testing import emulated_cann_ops
-from vllm_npu_ext.testing import torch_npu_emulator as emulator
-from vllm_npu_ext.testing.parity_cases import randn
-from vllm_npu_ext.testing.parity_tables import unit_cases
+from vllm_npu_ext.selfcheck.parity_cases import randn
+from vllm_npu_ext.selfcheck.parity_tables import unit_cases
 
 
 @pytest.fixture

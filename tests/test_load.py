@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from support.hf_oracle import MIN_COSINE
 from support.loadgen import (
     Request,
     cosine,
@@ -23,7 +24,6 @@ from support.loadgen import (
 
 LOAD_REQUESTS = 2000
 CONCURRENCY = 64
-MIN_COSINE = 0.99999
 MAX_WORDS = 60  # the shared server's max-model-len is 128 tokens
 PROBES = 6
 

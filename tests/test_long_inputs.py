@@ -21,13 +21,13 @@ import time
 
 import httpx
 import pytest
+from support.hf_oracle import MIN_COSINE
 from support.loadgen import Request, cosine, embed_alone, run_load, served_model, word_texts
 from support.server import running_server
 from tokenizers import Tokenizer
 
 from vllm_npu_ext.entrypoints.middleware import SHUTDOWN_MESSAGE
 
-MIN_COSINE = 0.99999
 MAX_MODEL_LEN = 128
 MAX_EMBED_LEN = 1024
 SHUTDOWN_LIMIT_S = 30

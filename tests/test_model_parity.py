@@ -13,7 +13,7 @@ from conftest import ENGINE_CONFIGS, PARITY_TEXTS
 from support.hf_oracle import cosines, hf_embeddings
 
 from vllm_npu_ext.envs import FUSIONS
-from vllm_npu_ext.tolerances import min_embedding_cosine
+from vllm_npu_ext.selfcheck.tolerances import min_embedding_cosine
 
 CONFIGS = list(ENGINE_CONFIGS)
 OUR_CLASS = "vllm_npu_ext.model_executor.models.qwen3.Qwen3ForCausalLM"
@@ -44,9 +44,9 @@ def _assert_parity(actual: torch.Tensor, expected: torch.Tensor, min_cosine: flo
 @pytest.mark.parametrize("name", CONFIGS)
 def test_vllm_uses_our_model_class(engine_runs, name):
     run = engine_runs[name]
-    assert OUR_CLASS in run["model_mro"]
-    assert run["model_mro"][0].endswith("Qwen3ForEmbedding")
-    assert "vllm.model_executor.models.qwen3.Qwen3ForCausalLM" not in run["model_mro"]
+    assert OUR_CLASS in run["model_classes"]
+    assert run["model_classes"][0].endswith("Qwen3ForEmbedding")
+    assert "vllm.model_executor.models.qwen3.Qwen3ForCausalLM" not in run["model_classes"]
     assert "vllm-npu-ext built Qwen3ForEmbedding" in run["log"]
 
 
@@ -61,7 +61,7 @@ def test_npu_path_in_engine_matches_hf(engine_runs, oracle, name):
     _assert_parity(run["batch"], oracle(name), _min_cosine(name))
     # float32 has no fused-infer kernel; the model switches to npu_fusion_attention for it.
     attention = "npu_fusion_attention" if "fp32" in name else "npu_fused_infer_attention_score"
-    assert run["npu_calls"].get(attention, 0) > 0, run["npu_calls"]
+    assert run["fused_calls"].get(attention, 0) > 0, run["fused_calls"]
 
 
 @pytest.mark.parametrize("name", CONFIGS)

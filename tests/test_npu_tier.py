@@ -5,8 +5,8 @@
 Every test here is marked `npu`; tests/conftest.py deselects them unless `-m` mentions npu,
 so a CPU run reports them as deselected (never passed, never skipped). torch_npu is imported
 only inside fixtures, so collection works anywhere. Cases and comparisons are the shared ones
-of `vllm_npu_ext.testing.parity_tables` / `parity_cases`: the fused operator runs on the NPU,
-the reference on the CPU in float32, under the tolerances of `vllm_npu_ext.tolerances`.
+of `vllm_npu_ext.selfcheck.parity_tables` / `parity_cases`: the fused operator runs on the NPU,
+the reference on the CPU in float32, under the tolerances of `vllm_npu_ext.selfcheck.tolerances`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sys
 import pytest
 import torch
 
-from vllm_npu_ext.testing.parity_tables import UNIT_CASES, qwen3_cases
+from vllm_npu_ext.selfcheck.parity_tables import UNIT_CASES, qwen3_cases
 
 pytestmark = pytest.mark.npu
 

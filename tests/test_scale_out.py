@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 
 import pytest
+from support.hf_oracle import MIN_COSINE
 from support.loadgen import cosine, embed_alone, embed_batch, served_model, word_texts
 from support.server import running_server
 
-MIN_COSINE = 0.99999
 TP = 2
 
 

@@ -12,12 +12,11 @@ import sys
 import pytest
 import torch
 
-from vllm_npu_ext import bootstrap, selfcheck
+from vllm_npu_ext import bootstrap, emulator, selfcheck
 from vllm_npu_ext.ops import dispatch
+from vllm_npu_ext.selfcheck.parity import compare
 from vllm_npu_ext.selfcheck.target import Target
-from vllm_npu_ext.testing import torch_npu_emulator as emulator
-from vllm_npu_ext.testing.parity import compare
-from vllm_npu_ext.tolerances import Tolerance
+from vllm_npu_ext.selfcheck.tolerances import Tolerance
 
 # One operator family per fused op selfcheck checks (our custom op included).
 OPERATORS = [

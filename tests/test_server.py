@@ -13,10 +13,9 @@ import numpy as np
 import openai
 import pytest
 import torch
-from support.hf_oracle import cosines, hf_embeddings
+from support.hf_oracle import MIN_COSINE, cosines, hf_embeddings
 
 TEXTS = ["What is the capital of France?", "a", "Paris is the capital of France. " * 3]
-MIN_COSINE = 0.99999
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,9 @@ import torch
 from support.scripts import load_script
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from vllm_npu_ext import emulator as emu
+from vllm_npu_ext.emulator import _schema
 from vllm_npu_ext.ops import dispatch
-from vllm_npu_ext.testing import torch_npu_emulator as emu
-from vllm_npu_ext.testing.torch_npu_emulator import _schema
 
 ROOT = Path(__file__).resolve().parent.parent
 # Where a downloaded torch-npu wheel may be (TORCH_NPU_WHEEL); checked against it when present.

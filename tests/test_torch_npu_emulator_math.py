@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vllm_npu_ext.testing import torch_npu_emulator as emu
+from vllm_npu_ext import emulator as emu
 
 MASK = torch.triu(torch.ones(2048, 2048, dtype=torch.bool), diagonal=1)
 FLOAT16S = (torch.bfloat16, torch.float16)

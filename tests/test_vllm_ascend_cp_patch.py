@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from support.cp_ranks import cp_groups, run_ranks
 from support.scripts import load_script
-from test_cp_multiprocess import cp_groups, run_ranks
 
+from vllm_npu_ext import emulator as torch_npu_emulator
 from vllm_npu_ext.patches import apply_patches, vllm_ascend_cp
-from vllm_npu_ext.testing import torch_npu_emulator
 
 ROOT = Path(__file__).resolve().parents[1]
 check_script = load_script("scripts/check_vllm_ascend_patch.py")

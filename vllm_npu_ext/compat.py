@@ -52,15 +52,10 @@ def declare_environment_variables(names) -> None:
             known.setdefault(name, lambda name=name: os.environ.get(name))
 
 
-def vllm_version() -> str:
-    import vllm
-
-    return getattr(vllm, "__version__", "unknown")
-
-
 def npu_path_expected() -> bool:
-    """Whether this process will run the NPU path (an Ascend platform or the emulator)."""
-    if dispatch.emulator() is not None:
+    """Whether this process will run the NPU path (an Ascend platform, or CPU tensors that
+    take it: `ops.dispatch`)."""
+    if dispatch.cpu_takes_npu_path():
         return True
     from vllm.platforms import current_platform
 

@@ -1,23 +1,17 @@
-"""The independent oracle: Hugging Face transformers' Qwen3Model, last token, L2 normalise."""
+"""The independent oracle (`vllm_npu_ext.selfcheck.hf_oracle`) and how tests compare with it."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from vllm_npu_ext.selfcheck.hf_oracle import hf_embeddings
+from vllm_npu_ext.selfcheck.tolerances import min_embedding_cosine
 
-def hf_embeddings(model_dir, texts: list[str], dtype=torch.float32) -> torch.Tensor:
-    """Embeddings the sentence-transformers way: left-padded batch, last token, normalised."""
-    from transformers import AutoModel, AutoTokenizer
+__all__ = ["MIN_COSINE", "cosines", "hf_embeddings"]
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    if tokenizer.padding_side != "left":
-        raise ValueError("the checkpoint's tokenizer must pad on the left, like Qwen3-Embedding's")
-    model = AutoModel.from_pretrained(model_dir, dtype=dtype).eval()
-    batch = tokenizer(texts, padding=True, return_tensors="pt")
-    with torch.no_grad():
-        hidden = model(**batch).last_hidden_state
-    return F.normalize(hidden[:, -1].float(), dim=-1)
+# float32 embeddings from vLLM (any path) against the float32 oracle.
+MIN_COSINE = min_embedding_cosine(torch.float32)
 
 
 def cosines(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -4,9 +4,12 @@ Defines `torch.ops.npu_ext_cann.npu_ext_attention_update(Tensor lse, Tensor go,
 int update_type) -> (Tensor, Tensor)` with its fake kernel (shared with the public op
 `torch.ops.vllm_npu_ext.attention_update`). The NPU kernel is C++ (`vllm_npu_ext._cann_C`,
 built by setup.py only where torch_npu and CANN are present) and calls our aclnn functions;
-`custom_kernel_available` says whether a kernel is registered for a device.
+`custom_kernel_available` says whether a kernel is registered for a device. Importing this
+module registers the op as the custom kernel of `vllm_npu_ext.ops.attention_merge` (which
+knows nothing of this package).
 
-Arguments: lse fp32 `[sp, N]`; go `[sp, N, D]` fp32/fp16/bf16; update_type 0 or 1.
+Arguments: lse fp32 `[sp, N]`; go `[sp, N, D]` fp32/fp16/bf16 (`go`: the partial attention
+outputs of the sp shards, the operator definition's name); update_type 0 or 1.
 Results: out `[N, D]` in go's dtype; lse_out fp32 `[N]` (only meaningful for update_type 1).
 """
 
@@ -18,6 +21,7 @@ from types import ModuleType
 
 import torch
 
+from vllm_npu_ext.ops import attention_merge
 from vllm_npu_ext.ops.attention_merge import attention_update_fake
 
 LIBRARY_NAMESPACE = "npu_ext_cann"
@@ -60,7 +64,7 @@ def custom_kernel_available(device: torch.device | str) -> bool:
     """Whether npu_ext_attention_update has a kernel for `device`'s dispatch key.
 
     npu: PrivateUse1, registered by the compiled extension (loaded here first if it exists).
-    cpu: only when a test has registered an emulated CPU kernel. Any other device: False.
+    cpu: only when a CPU kernel has been registered for it. Any other device: False.
     """
     # "npu" is a device type only once torch_npu has renamed PrivateUse1, so parse by hand.
     device_type = device.type if isinstance(device, torch.device) else device.split(":")[0]
@@ -70,6 +74,15 @@ def custom_kernel_available(device: torch.device | str) -> bool:
     if device_type == "npu":
         load_extension()
     return torch._C._dispatch_has_kernel_for_dispatch_key(QUALIFIED_NAME, dispatch_key)
+
+
+def _run(lse: torch.Tensor, go: torch.Tensor, update_type: int):
+    return torch.ops.npu_ext_cann.npu_ext_attention_update(lse, go, update_type)
+
+
+attention_merge.register_custom_kernel(
+    attention_merge.CustomKernel("NpuExtAttentionUpdate", custom_kernel_available, _run)
+)
 
 
 def _import_torchair() -> ModuleType | None:

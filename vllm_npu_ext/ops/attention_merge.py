@@ -11,17 +11,19 @@ This module owns the tensor-input operator `torch.ops.vllm_npu_ext.attention_upd
 PyTorch reference. On the NPU the work goes to one of two kernels, chosen by
 `VLLM_NPU_EXT_ATTENTION_UPDATE_KERNEL`:
 
-- `custom`: our renamed CANN operator (`torch.ops.npu_ext_cann.npu_ext_attention_update`,
-  bound in `vllm_npu_ext.cann_ops.binding`), which takes the two tensors as they are;
+- `custom`: a registered tensor-input kernel (`register_custom_kernel`): our renamed CANN
+  operator, which `vllm_npu_ext.cann_ops.binding` registers when it is imported; it takes
+  the two tensors as they are;
 - `list`: `torch_npu.npu_attention_update`, which takes TensorLists, so the tensors are
   unbound into per-shard views first (the path vllm-ascend 0.23 uses);
-- `auto` (default): `custom` when its package is loaded, else `list`.
+- `auto` (default): `custom` when a registered kernel is available, else `list`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -31,6 +33,7 @@ from vllm_npu_ext.ops import dispatch
 SP_RANGE = (1, 16)
 HEAD_DIM_RANGE = (8, 512)
 HEAD_DIM_MULTIPLE = 8
+MAX_ROWS = 2**31 - 1  # N: the kernel's int32 row index (op_host tiling, op_api)
 UPDATE_TYPES = (0, 1)
 OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 KERNEL_SWITCH = "VLLM_NPU_EXT_ATTENTION_UPDATE_KERNEL"
@@ -44,8 +47,8 @@ OP_SCHEMA = "attention_update(Tensor lse, Tensor out, int update_type=0) -> (Ten
 def check_attention_update_args(lse: torch.Tensor, out: torch.Tensor, update_type: int = 0) -> None:
     """Raise ValueError (naming the argument) unless the inputs follow the operator contract.
 
-    lse: fp32 `[sp, N]`, sp in SP_RANGE. out: fp32/fp16/bf16 `[sp, N, D]` on lse's device,
-    D in HEAD_DIM_RANGE and a multiple of HEAD_DIM_MULTIPLE. update_type: 0 or 1.
+    lse: fp32 `[sp, N]`, sp in SP_RANGE, N <= MAX_ROWS. out: fp32/fp16/bf16 `[sp, N, D]` on
+    lse's device, D in HEAD_DIM_RANGE and a multiple of HEAD_DIM_MULTIPLE. update_type: 0 or 1.
     """
     for name, value, rank in (("lse", lse, 2), ("out", out, 3)):
         if not isinstance(value, torch.Tensor):
@@ -60,6 +63,8 @@ def check_attention_update_args(lse: torch.Tensor, out: torch.Tensor, update_typ
     if out.dtype not in OUT_DTYPES:
         raise ValueError(f"out must be float32, float16 or bfloat16, got {out.dtype}")
     sp, num_rows = lse.shape
+    if num_rows > MAX_ROWS:
+        raise ValueError(f"lse: N (dim 1) must be at most {MAX_ROWS}, got {num_rows}")
     if not SP_RANGE[0] <= sp <= SP_RANGE[1]:
         raise ValueError(f"lse: sp (dim 0) must be in {SP_RANGE[0]}..{SP_RANGE[1]}, got {sp}")
     if out.shape[0] != sp or out.shape[1] != num_rows:
@@ -125,13 +130,32 @@ def attention_update_reference(
     return merged.to(out.dtype), lse_out
 
 
-def _custom_kernel_available(device: torch.device) -> bool:
-    # binding.py belongs to the CANN operator package; it may not be installed or built.
-    try:
-        from vllm_npu_ext.cann_ops.binding import custom_kernel_available
-    except ImportError:
-        return False
-    return bool(custom_kernel_available(device))
+@dataclasses.dataclass(frozen=True)
+class CustomKernel:
+    """A tensor-input AttentionUpdate kernel that registers itself here (`register_custom_kernel`).
+
+    `vllm_npu_ext.cann_ops.binding` registers our CANN operator when it is imported; this
+    module never imports it. available(device): whether the kernel runs on that device.
+    run(lse, out, update_type): same arguments and results as `attention_update_reference`.
+    """
+
+    name: str
+    available: Callable[[torch.device], bool]
+    run: Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
+
+
+_custom_kernel: CustomKernel | None = None
+
+
+def register_custom_kernel(kernel: CustomKernel) -> None:
+    """Make `kernel` the one the `custom` (and `auto`) choice uses; the last one wins."""
+    global _custom_kernel
+    _custom_kernel = kernel
+
+
+def custom_kernel_available(device: torch.device) -> bool:
+    """Whether a registered custom kernel runs on `device`."""
+    return _custom_kernel is not None and bool(_custom_kernel.available(device))
 
 
 def _kernel_choice(device: torch.device) -> str:
@@ -141,12 +165,13 @@ def _kernel_choice(device: torch.device) -> str:
         raise ValueError(f"{KERNEL_SWITCH} must be one of {KERNEL_CHOICES}, got {choice!r}")
     if choice == "list":
         return "list"
-    if _custom_kernel_available(device):
+    if custom_kernel_available(device):
         return "custom"
     if choice == "custom":
         raise RuntimeError(
-            f"{KERNEL_SWITCH}=custom but the NpuExtAttentionUpdate operator package is not "
-            "loaded (build and install vllm_npu_ext/cann_ops, or use auto/list)"
+            f"{KERNEL_SWITCH}=custom but no custom kernel is available for {device}: "
+            "import vllm_npu_ext.cann_ops.binding (the CP patch does) after building and "
+            "installing vllm_npu_ext/cann_ops, or use auto/list"
         )
     return "list"
 
@@ -164,10 +189,10 @@ def attention_update_npu(
     """
     check_attention_update_args(lse, out, update_type)
     if _kernel_choice(lse.device) == "custom":
-        return torch.ops.npu_ext_cann.npu_ext_attention_update(lse, out, update_type)
+        return _custom_kernel.run(lse, out, update_type)
     torch_npu = dispatch.npu_ops(lse)
     if torch_npu is None:
-        raise RuntimeError("attention_update_npu needs torch_npu (or its emulator)")
+        raise RuntimeError("attention_update_npu needs tensors that take the NPU path")
     return torch_npu.npu_attention_update(list(lse.unbind(0)), list(out.unbind(0)), update_type)
 
 

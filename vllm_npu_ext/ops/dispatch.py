@@ -1,7 +1,7 @@
 """The one place that decides whether an op runs its NPU path.
 
 An op takes its NPU path when its input lives on an Ascend NPU (`device.type == "npu"`), or
-when the torch_npu emulator (`vllm_npu_ext.testing.torch_npu_emulator`) is installed as
+when the torch_npu emulator (`vllm_npu_ext.emulator`) is installed as
 `sys.modules["torch_npu"]`: then CPU tensors count as device tensors, so tests and tools run
 the NPU code paths on CPU against the real operator contracts. Everything else takes the
 platform path (vLLM's own kernels) or the PyTorch reference.
@@ -34,6 +34,16 @@ def emulator() -> ModuleType | None:
     if module is not None and getattr(module, EMULATOR_MARKER, False):
         return module
     return None
+
+
+def cpu_takes_npu_path() -> bool:
+    """Whether CPU tensors take the NPU path in this process (the emulator is installed)."""
+    return emulator() is not None
+
+
+def npu_ops_name() -> str:
+    """What runs the NPU path's operators in this process, for logs."""
+    return "torch_npu emulator on the CPU" if emulator() is not None else "torch_npu"
 
 
 def npu_ops(x: torch.Tensor) -> ModuleType | None:

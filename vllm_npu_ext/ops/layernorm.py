@@ -1,6 +1,6 @@
 """RMSNorm and residual-add + RMSNorm: `npu_rms_norm` / `npu_add_rms_norm` and references.
 
-Each op takes `npu`: the torch_npu module (or its emulator) to run the fused operator, or
+Each op takes `npu`: the torch_npu module to run the fused operator, or
 None for the PyTorch reference. Callers get `npu` from `vllm_npu_ext.ops.dispatch`.
 """
 

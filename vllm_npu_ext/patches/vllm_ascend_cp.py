@@ -27,7 +27,6 @@ targets against vllm-ascend's sdist.
 
 from __future__ import annotations
 
-import importlib.abc
 import importlib.util
 import inspect
 import sys
@@ -35,6 +34,7 @@ from types import ModuleType
 
 from vllm_npu_ext import envs
 from vllm_npu_ext.logger import get_logger
+from vllm_npu_ext.patches import on_import
 
 logger = get_logger(__name__)
 
@@ -159,38 +159,11 @@ def unpatch_module(module: ModuleType) -> None:
         delattr(module, PATCHED_MARKER)
 
 
-class _PatchingLoader(importlib.abc.Loader):
-    """Runs the real loader, then patches the fresh module."""
+class PatchOnImport(on_import.PatchOnImport):
+    """Patches vllm-ascend's CP caller modules when vllm-ascend imports them."""
 
-    def __init__(self, loader):
-        self._loader = loader
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module):
-        self._loader.exec_module(module)
-        patch_module(module)
-
-    def __getattr__(self, name):  # get_source, get_code, ... for inspect and tracebacks
-        return getattr(self._loader, name)
-
-
-class PatchOnImport(importlib.abc.MetaPathFinder):
-    """Finds the caller modules through the other finders and wraps their loader."""
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname not in CALLER_MODULES:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None:
-                    spec.loader = _PatchingLoader(spec.loader)
-                return spec
-        return None
+    def __init__(self):
+        super().__init__(dict.fromkeys(CALLER_MODULES, patch_module))
 
 
 def _vllm_ascend_version() -> str:
@@ -214,11 +187,7 @@ def install() -> list[str]:
             TESTED_VERSION,
             version,
         )
-    if not any(isinstance(finder, PatchOnImport) for finder in sys.meta_path):
-        sys.meta_path.insert(0, PatchOnImport())
-    for name in CALLER_MODULES:
-        if name in sys.modules:
-            patch_module(sys.modules[name])
+    on_import.install(PatchOnImport())
     return [
         f"vllm-ascend {version} CP decode merge -> attention_update (on import of "
         "attention_cp/mla_cp, i.e. when DCP or PCP > 1)"
@@ -227,7 +196,7 @@ def install() -> list[str]:
 
 def uninstall() -> None:
     """Remove the import hook and restore every patched module."""
-    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, PatchOnImport)]
+    on_import.uninstall(PatchOnImport)
     for name in CALLER_MODULES:
         if name in sys.modules:
             unpatch_module(sys.modules[name])

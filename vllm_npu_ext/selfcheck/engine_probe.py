@@ -62,7 +62,7 @@ class CallCounter:
         return counted
 
 
-def _class_names(model) -> list[str]:
+def class_names(model) -> list[str]:
     return [f"{cls.__module__}.{cls.__name__}" for cls in type(model).__mro__]
 
 
@@ -80,12 +80,12 @@ def _npu_path(model) -> dict:
     }
 
 
-def _embed(llm, texts: Sequence[str]) -> torch.Tensor:
+def embed(llm, texts: Sequence[str]) -> torch.Tensor:
     outputs = llm.embed(list(texts), use_tqdm=False)
     return torch.tensor([o.outputs.embedding for o in outputs], dtype=torch.float32)
 
 
-def _fusion_variants(llm, texts: Sequence[str]) -> dict[str, torch.Tensor]:
+def fusion_variants(llm, texts: Sequence[str]) -> dict[str, torch.Tensor]:
     """forward_packed on the loaded model: all fusions, all off, each one off in turn."""
     from vllm_npu_ext.envs import FUSIONS, FusionConfig
     from vllm_npu_ext.ops.packed import PackedSeqs
@@ -123,39 +123,43 @@ def _count_fused_calls(emulate: bool) -> CallCounter:
     return CallCounter(module, [*FUSED_OPERATORS.values(), *ATTENTION_OPERATORS])
 
 
-def _build_llm(model: str, dtype: str, emulate: bool):
-    """An in-process pooling engine; emulated: the emulator goes in before vLLM is imported."""
+def build_llm(model: str, dtype: str, emulate: bool, **engine_args):
+    """An in-process pooling engine; emulated: the emulator goes in before vLLM is imported.
+
+    `engine_args` override the defaults given to `vllm.LLM`."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if emulate:
-        from vllm_npu_ext.testing import torch_npu_emulator as emulator
+        from vllm_npu_ext import emulator
 
         emulator.install()
     from vllm import LLM
 
-    extra = {"gpu_memory_utilization": EMULATED_MEMORY_UTILIZATION} if emulate else {}
-    return LLM(
+    args = dict(
         model=model, runner="pooling", convert="embed", dtype=dtype,
-        max_model_len=MAX_MODEL_LEN, seed=0, enforce_eager=True, **extra,
+        max_model_len=MAX_MODEL_LEN, seed=0, enforce_eager=True,
     )  # fmt: skip
+    if emulate:
+        args["gpu_memory_utilization"] = EMULATED_MEMORY_UTILIZATION
+    return LLM(**{**args, **engine_args})
 
 
 def probe(llm, texts: Sequence[str], emulate: bool) -> dict:
     """Everything the module docstring lists, for `texts` on the loaded engine."""
     npu_path = llm.apply_model(_npu_path)[0]
     counter = _count_fused_calls(emulate)
-    batch = _embed(llm, texts)
+    batch = embed(llm, texts)
     results = {
-        "model_classes": llm.apply_model(_class_names)[0],
+        "model_classes": llm.apply_model(class_names)[0],
         "npu_path": npu_path,
         "fused_calls": dict(counter.counts),  # during the batch embed only
         "batch": batch,
-        "single": torch.cat([_embed(llm, [text]) for text in texts]),
+        "single": torch.cat([embed(llm, [text]) for text in texts]),
         "variants": {},
         "variants_error": None,
     }
     if npu_path["active"] and npu_path["forward_packed"]:
         try:
-            results["variants"] = _fusion_variants(llm, texts)
+            results["variants"] = fusion_variants(llm, texts)
         except Exception as error:  # keep the engine's results; report this one apart
             results["variants_error"] = f"{type(error).__name__}: {error}"[:500]
     return results
@@ -169,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--texts", required=True, help="JSON list of texts")
     parser.add_argument("--emulate", action="store_true")
     args = parser.parse_args(argv)
-    llm = _build_llm(args.model, args.dtype, args.emulate)
+    llm = build_llm(args.model, args.dtype, args.emulate)
     torch.save(probe(llm, json.loads(args.texts), args.emulate), args.out)
     return 0
 

@@ -18,7 +18,6 @@ the CPU in float32 (last token, L2-normalised), against `min_embedding_cosine(en
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import subprocess
@@ -31,9 +30,10 @@ import torch.nn.functional as F
 
 from vllm_npu_ext import QWEN3_MODULE
 from vllm_npu_ext.selfcheck.engine_probe import FUSED_OPERATORS
+from vllm_npu_ext.selfcheck.hf_oracle import hf_embeddings
+from vllm_npu_ext.selfcheck.parity import dtype_name
 from vllm_npu_ext.selfcheck.report import CheckResult
-from vllm_npu_ext.testing.parity import dtype_name
-from vllm_npu_ext.tolerances import min_embedding_cosine
+from vllm_npu_ext.selfcheck.tolerances import min_embedding_cosine
 
 # Odd lengths on purpose: a 1-token input, repeated words, digits, punctuation.
 TEXTS = (
@@ -76,33 +76,6 @@ def run_engine(model_dir: Path, dtype: str, emulate: bool, stem: Path) -> dict[s
             f"engine run exited with status {done.returncode}; log: {log}\n" + "\n".join(tail)
         )
     return torch.load(out)
-
-
-def _last_token_embeddings(model, tokenizer, texts) -> torch.Tensor:
-    """Each text alone (no padding), last token's hidden state, L2-normalised, float32."""
-    rows = []
-    with torch.no_grad():
-        for text in texts:
-            batch = tokenizer(text, return_tensors="pt")
-            rows.append(model(**batch).last_hidden_state[0, -1].float())
-    return F.normalize(torch.stack(rows), dim=-1)
-
-
-@functools.lru_cache(maxsize=4)
-def hf_embeddings(model_dir: str, dtypes: tuple[torch.dtype, ...]) -> dict[torch.dtype, Any]:
-    """Hugging Face embeddings of TEXTS on the CPU: float32 first, then the model cast to
-    each other dtype in turn (loaded once)."""
-    from transformers import AutoModel, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # keep the report one line per check
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModel.from_pretrained(model_dir, dtype=torch.float32).eval()
-    results = {torch.float32: _last_token_embeddings(model, tokenizer, TEXTS)}
-    for dtype in dtypes:
-        if dtype not in results:
-            results[dtype] = _last_token_embeddings(model.to(dtype), tokenizer, TEXTS)
-    return results
 
 
 def cosine_result(base: dict, check: str, actual, expected, min_cos: float | None) -> CheckResult:
@@ -158,8 +131,7 @@ def check_model(
     engine_dtype = getattr(torch, run["npu_path"]["dtype"])
     base["dtype"] = dtype_name(engine_dtype)
     min_cos = min_embedding_cosine(engine_dtype)
-    reference = hf_embeddings(str(model_dir), (engine_dtype,))
-    hf32 = reference[torch.float32]
+    hf32 = hf_embeddings(model_dir, TEXTS)
     results = [
         _our_model_result(base, run),
         _fused_calls_result(base, run),
@@ -179,5 +151,6 @@ def check_model(
         results.append(cosine_result(base, "fused-vs-unfused", fused, unfused, min_cos))
     if engine_dtype != torch.float32:
         check = f"hf-{dtype_name(engine_dtype)}-vs-hf-fp32"
-        results.append(cosine_result(base, check, reference[engine_dtype], hf32, None))
+        hf_in_dtype = hf_embeddings(model_dir, TEXTS, engine_dtype)
+        results.append(cosine_result(base, check, hf_in_dtype, hf32, None))
     return results

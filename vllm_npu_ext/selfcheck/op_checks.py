@@ -12,10 +12,10 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from vllm_npu_ext.selfcheck.parity import Parity, dtype_name
+from vllm_npu_ext.selfcheck.parity_cases import OpCase
 from vllm_npu_ext.selfcheck.report import CheckResult
 from vllm_npu_ext.selfcheck.target import Target
-from vllm_npu_ext.testing.parity import Parity, dtype_name
-from vllm_npu_ext.testing.parity_cases import OpCase
 
 Report = Callable[[CheckResult], None]
 

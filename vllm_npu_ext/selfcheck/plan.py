@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from vllm_npu_ext.testing import parity_tables
-from vllm_npu_ext.testing.parity_cases import OpCase
+from vllm_npu_ext.selfcheck import parity_tables
+from vllm_npu_ext.selfcheck.parity_cases import OpCase
 
 KERNELS_WITHOUT_CUSTOM = ("list",)
 KERNELS_WITH_CUSTOM = ("list", "custom")

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from vllm_npu_ext.cann_ops import binding
 from vllm_npu_ext.ops import dispatch
 
 
@@ -41,15 +42,7 @@ class Target:
 
     def custom_kernel_installed(self) -> bool:
         """Whether our NpuExtAttentionUpdate operator has a kernel for this device."""
-        return _custom_kernel_available(self.device)
-
-
-def _custom_kernel_available(device: torch.device) -> bool:
-    try:
-        from vllm_npu_ext.cann_ops.binding import custom_kernel_available
-    except ImportError:
-        return False
-    return bool(custom_kernel_available(device))
+        return binding.custom_kernel_available(self.device)
 
 
 @contextlib.contextmanager
@@ -62,11 +55,11 @@ def open_target(emulate: bool) -> Iterator[Target]:
         device = torch.device("npu")
         yield Target(dispatch.npu_ops_for_device(device), device, emulated=False)
         return
-    from vllm_npu_ext.testing import emulated_cann_ops
-    from vllm_npu_ext.testing import torch_npu_emulator as emulator
+    from vllm_npu_ext import emulator
+    from vllm_npu_ext.emulator import cann_ops as emulated_cann_ops
 
     cpu = torch.device("cpu")
-    register_custom = not _custom_kernel_available(cpu)  # leave a kernel someone else owns
+    register_custom = not binding.custom_kernel_available(cpu)  # leave a kernel someone else owns
     module = emulator.install()
     if register_custom:
         emulated_cann_ops.install()

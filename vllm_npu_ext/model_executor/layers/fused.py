@@ -21,10 +21,6 @@ from vllm.model_executor.layers.linear import (
 from vllm_npu_ext.model_executor.layers.npu_step import NpuStep
 from vllm_npu_ext.ops import layernorm, linear
 
-# Set on a linear module when its weight must be kept for the NPU path because the platform
-# repacks and drops `weight` after loading (vLLM's CPU GEMM does; only under the emulator).
-NPU_WEIGHT_ATTR = "npu_ext_weight"
-
 
 def rms_norm(norm: nn.Module, x: torch.Tensor, step: NpuStep | None) -> torch.Tensor:
     if step is None:
@@ -61,22 +57,14 @@ def supports_npu_linear(layer: LinearBase) -> bool:
 
 
 def npu_weight(layer: LinearBase) -> torch.Tensor:
-    weight = getattr(layer, NPU_WEIGHT_ATTR, None)
-    if weight is None:
-        weight = layer.weight
+    """`layer.weight`, which the NPU platform keeps after loading (in ND or NZ format)."""
+    weight = layer.weight
     if weight.numel() == 0:
         raise RuntimeError(
             f"{getattr(layer, 'prefix', type(layer).__name__)}: the platform repacked and "
-            "dropped this weight after loading; build the model with the NPU path active"
+            "dropped this weight after loading, so the NPU path cannot read it"
         )
     return weight
-
-
-def keep_weights_for_npu(model: nn.Module) -> None:
-    """Keep each linear weight for the NPU path before the platform may repack it."""
-    for module in model.modules():
-        if isinstance(module, LinearBase) and supports_npu_linear(module):
-            setattr(module, NPU_WEIGHT_ATTR, module.weight.data)
 
 
 def _bias(layer: LinearBase) -> torch.Tensor | None:

@@ -21,7 +21,7 @@ from vllm_npu_ext.ops.packed import PackedSeqs
 class NpuStep:
     """What every layer of one NPU forward pass shares.
 
-    npu: torch_npu (or the emulator). fusions: which fused operators to use.
+    npu: torch_npu, as `ops.dispatch` chose it. fusions: which fused operators to use.
     cos, sin: `[T, D]` rotary tables gathered for this batch's positions (once, not per layer).
     seqs: sequence boundaries for cache-free attention; None when attention goes through
     vLLM's attention layer (KV cache present, e.g. generation).

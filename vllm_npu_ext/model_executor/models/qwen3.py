@@ -187,12 +187,12 @@ class Qwen3Model(nn.Module):
 
         input_ids, positions `[T]`; `seqs` their sequence boundaries -> final hidden states
         `[T, H]`. Used by `selfcheck`, `benchmarks/count_ops.py` and the tests, which compare
-        fusion configurations on one loaded model. Needs torch_npu (or the emulator).
+        fusion configurations on one loaded model. Needs the NPU path (`ops.dispatch`).
         """
         hidden_states = self.embed_input_ids(input_ids)
         npu = dispatch.npu_ops(hidden_states)
         if npu is None:
-            raise ValueError("forward_packed needs NPU tensors or the torch_npu emulator")
+            raise ValueError("forward_packed needs tensors that take the NPU path (ops.dispatch)")
         fusions = fusions or self.fusions
         step = self.npu_step(npu, positions, hidden_states.dtype, seqs, fusions)
         hidden_states, residual = self._run_layers(positions, hidden_states, None, step)
@@ -222,8 +222,6 @@ class Qwen3Model(nn.Module):
 
     def prepare_npu_weights(self) -> None:
         """NPU-path weight layouts, made once after loading (before platform post-processing)."""
-        if dispatch.emulator() is not None:
-            fused.keep_weights_for_npu(self)  # vLLM's CPU GEMM drops weights it repacks
         if self.fusions.grouped_qkv:
             for layer in islice(self.layers, self.start_layer, self.end_layer):
                 layer.self_attn.prepare_npu_weights()
@@ -317,9 +315,8 @@ def _cache_free_allowed(vllm_config: VllmConfig) -> bool:
 def _log_built(model: nn.Module, cache_free: bool, pooling: bool) -> None:
     inner: Qwen3Model = model.model
     if inner.npu_possible:
-        emulated = " (torch_npu emulator)" if dispatch.emulator() is not None else ""
         active = ", ".join(inner.fusions.active()) or "none"
-        backend = f"NPU path{emulated}, fusions: {active}"
+        backend = f"NPU path ({dispatch.npu_ops_name()}), fusions: {active}"
     else:
         from vllm.platforms import current_platform
 

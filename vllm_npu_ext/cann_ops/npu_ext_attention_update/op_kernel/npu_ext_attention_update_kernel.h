@@ -4,7 +4,7 @@
  * Inputs  lse fp32 [sp, N], go T [sp, N, D]    (T = float, half or bfloat16_t)
  * Outputs out T [N, D], lse_out fp32 [N]       (lse_out only written when update_type == 1)
  *
- * Per row r, over the sp shards (FACTS.md; the same guards as the PyTorch reference):
+ * Per row r, over the sp shards (aclnnAttentionUpdate's math; the PyTorch reference's guards):
  *   m        = max(max_i lse_i[r], lowest float)     (an all-empty row must not give NaN)
  *   w_i      = exp(lse_i[r] - m)
  *   total    = sum_i w_i

@@ -1,9 +1,9 @@
 """torchair (graph mode) converters: both torch ops become one NpuExtAttentionUpdate GE node.
 
 `register(torchair)` takes the `torch_npu.dynamo.torchair` module as an argument, so this
-module imports nothing from torch_npu itself; `vllm_npu_ext.cann_ops.binding` calls it only
-when torchair imports. The GE node's input, attribute and output names are the op
-definition's (op_host/npu_ext_attention_update_def.cpp).
+module imports nothing from torch_npu itself; `vllm_npu_ext.cann_ops.binding`, which defines
+the binding op, calls it only when torchair imports. The GE node's input, attribute and
+output names are the op definition's (op_host/npu_ext_attention_update_def.cpp).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from types import ModuleType
 from typing import Any
 
 from vllm_npu_ext.cann_ops import OP_TYPE
+from vllm_npu_ext.ops import attention_merge  # noqa: F401  (defines the public op)
 
 GE_INPUTS = ("lse", "go")
 GE_ATTRS = ("update_type",)
@@ -32,12 +33,9 @@ def register(torchair: ModuleType) -> None:
     """Register converters for the public op and for the binding op.
 
     Each converter keeps its op's schema argument names: torchair may pass them as keywords.
+    The binding op must be defined (by `vllm_npu_ext.cann_ops.binding`, the caller).
     """
     import torch
-
-    # Importing these modules defines the two ops.
-    import vllm_npu_ext.cann_ops.binding  # noqa: F401
-    import vllm_npu_ext.ops.attention_merge  # noqa: F401
 
     @torchair.register_fx_node_ge_converter(torch.ops.vllm_npu_ext.attention_update.default)
     def convert_attention_update(lse, out, update_type=0, meta_outputs=None):

@@ -1,17 +1,16 @@
-"""A CPU stand-in for our CANN operator `npu_ext_cann::npu_ext_attention_update` (tests only).
+"""A CPU stand-in for our CANN operator `npu_ext_cann::npu_ext_attention_update`.
 
 On Ascend the op's NPU kernel comes from the compiled extension in `vllm_npu_ext.cann_ops`;
 here a CPU kernel is registered that enforces the op_api contract (lse fp32 `[sp, N]`,
-go `[sp, N, D]`, the rules of `check_attention_update_args`) and computes the reference
-math, so that the "custom" branch of the AttentionUpdate dispatch runs on CPU:
+go `[sp, N, D]`, the rules of `check_attention_update_args`) and computes the merge, so that
+the "custom" branch of the AttentionUpdate dispatch runs on CPU:
 
     with torch_npu_emulator.emulated(), emulated_cann_ops.emulated():
         attention_update(lse, out)         # -> npu_ext_cann::npu_ext_attention_update
     emulated_cann_ops.calls[OP_NAME]       # calls that reached the emulated kernel
 
 The schema, fake kernel and `custom_kernel_available` belong to
-`vllm_npu_ext/cann_ops/binding.py`; were that module absent, the schema would be defined
-here (once, only if nobody has), but the dispatch would not see the kernel as available.
+`vllm_npu_ext/cann_ops/binding.py`, which this module imports.
 """
 
 from __future__ import annotations
@@ -22,39 +21,17 @@ from collections.abc import Iterator
 
 import torch
 
+from vllm_npu_ext.cann_ops import binding
 from vllm_npu_ext.ops.attention_merge import (
-    attention_update_fake,
     attention_update_reference,
     check_attention_update_args,
 )
 
-NAMESPACE = "npu_ext_cann"
-OP_NAME = "npu_ext_attention_update"
-QUALNAME = f"{NAMESPACE}::{OP_NAME}"
-SCHEMA = f"{OP_NAME}(Tensor lse, Tensor go, int update_type) -> (Tensor, Tensor)"
+OP_NAME = binding.OP_NAME
+QUALNAME = binding.QUALIFIED_NAME
 
 calls: collections.Counter[str] = collections.Counter()
 _libraries: dict[str, torch.library.Library] = {}
-
-
-def _schema_defined() -> bool:
-    try:
-        torch._C._dispatch_find_schema_or_throw(QUALNAME, "")
-    except RuntimeError:
-        return False
-    return True
-
-
-def _ensure_schema() -> None:
-    # The binding defines the schema and its fake kernel when it exists.
-    with contextlib.suppress(ImportError):
-        import vllm_npu_ext.cann_ops.binding  # noqa: F401
-    if _schema_defined():
-        return
-    library = torch.library.Library(NAMESPACE, "FRAGMENT")
-    library.define(SCHEMA)
-    torch.library.register_fake(QUALNAME, attention_update_fake, lib=library)
-    _libraries["schema"] = library
 
 
 def emulated_kernel(
@@ -68,10 +45,9 @@ def emulated_kernel(
 
 def install() -> None:
     """Register the CPU kernel (idempotent; a kernel registered by someone else is kept)."""
-    _ensure_schema()
     if "kernel" in _libraries or torch._C._dispatch_has_kernel_for_dispatch_key(QUALNAME, "CPU"):
         return
-    library = torch.library.Library(NAMESPACE, "FRAGMENT")
+    library = torch.library.Library(binding.LIBRARY_NAMESPACE, "FRAGMENT")
     library.impl(OP_NAME, emulated_kernel, "CPU")
     _libraries["kernel"] = library
 

@@ -12,7 +12,7 @@ import dataclasses
 
 import torch
 
-from vllm_npu_ext.tolerances import Tolerance, op_tolerance
+from vllm_npu_ext.selfcheck.tolerances import Tolerance, op_tolerance
 
 DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 

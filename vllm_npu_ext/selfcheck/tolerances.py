@@ -1,7 +1,7 @@
 """How close a fused NPU operator must come to its PyTorch reference: written down once.
 
 Shared by the emulator tests, the NPU test tier (`pytest -m npu`) and `vllm-npu-ext
-selfcheck`, which all compare through `vllm_npu_ext.testing.parity_cases`. There the
+selfcheck`, which all compare through `vllm_npu_ext.selfcheck.parity_cases`. There the
 reference runs on the CPU from float32 copies of the fused operator's (already rounded)
 inputs and each output is rounded once to its dtype: what an exact kernel would return. A
 reference run in bfloat16/float16 would round every intermediate (`x * cos` and

@@ -17,7 +17,7 @@ import torch
 
 from vllm_npu_ext.ops.attention import OPERATORS as ATTENTION_OPERATORS
 from vllm_npu_ext.ops.attention import operator_for_dtype
-from vllm_npu_ext.testing.parity_cases import DTYPES, HALF_DTYPES, OpCase
+from vllm_npu_ext.selfcheck.parity_cases import DTYPES, HALF_DTYPES, OpCase
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,10 @@
-"""A strict torch_npu stand-in for tests and tools (production code never imports it).
+"""The torch_npu emulator: run the NPU code path on any CPU.
 
-Emulates the torch_npu 2.14 operators the project calls. Each call is bound against the
+A strict stand-in for the torch_npu operators the project calls, installed as
+`sys.modules["torch_npu"]`. Tests and `vllm-npu-ext selfcheck --emulate` run the NPU path
+with it; nothing else in the package imports it. `vllm_npu_ext.ops.dispatch` is the one place that recognises it.
+
+Emulates the torch_npu operators the project calls. Each call is bound against the
 operator's schema extracted from the torch-npu wheel (`torch_npu_schemas.json`), checked
 against the documented contract (layouts, cumulative host-side sequence lengths, head counts,
 masks, dtypes, shapes), then computed in float32 PyTorch and returned in the input dtype.
@@ -11,7 +15,9 @@ documented features the emulator does not implement raise NotImplementedError.
         ...                                  # vllm_npu_ext.ops.dispatch now takes NPU paths
     torch_npu_emulator.calls["npu_rms_norm"] # calls per operator
 
-Tensors must live on the CPU, which stands in for the NPU.
+Tensors must live on the CPU, which stands in for the NPU. While installed, the emulated
+platform also keeps each linear layer's weight as the NPU platform does (`platform`), and
+`cann_ops` can stand in for our own CANN operator.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import sys
 from collections.abc import Iterator
 from types import ModuleType
 
+from . import platform
 from ._runtime import OPERATORS, calls, corrupted, inside_operator, reset_counts
 from ._schema import schema_document
 from .attention import npu_fused_infer_attention_score, npu_fusion_attention
@@ -45,6 +52,7 @@ _previous: list[object] = []
 def install() -> ModuleType:
     """Make this module `sys.modules["torch_npu"]` (remembering what was there); return it."""
     module = sys.modules[__name__]
+    platform.install()
     _previous.append(sys.modules.get("torch_npu", _MISSING))
     sys.modules["torch_npu"] = module
     return module

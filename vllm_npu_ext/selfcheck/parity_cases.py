@@ -28,7 +28,7 @@ import torch
 from vllm_npu_ext.ops import activation, attention, layernorm, linear, rotary
 from vllm_npu_ext.ops.attention_merge import attention_update_reference
 from vllm_npu_ext.ops.packed import PackedSeqs
-from vllm_npu_ext.testing.parity import Parity, dtype_name
+from vllm_npu_ext.selfcheck.parity import Parity, dtype_name
 
 EPS = 1e-6
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)

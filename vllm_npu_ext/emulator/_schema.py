@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-SCHEMA_FILE = Path(__file__).resolve().parent.parent / "torch_npu_schemas.json"
+SCHEMA_FILE = Path(__file__).resolve().parent / "torch_npu_schemas.json"
 
 
 @functools.cache
