@@ -11,7 +11,7 @@ import os
 
 __version__ = "0.1.0"
 
-QWEN3_ARCHITECTURE = "Qwen3ForCausalLM"
+EMULATE_SWITCH = "VLLM_NPU_EXT_EMULATE"
 QWEN3_MODULE = "vllm_npu_ext.model_executor.models.qwen3"
 
 _registered_in_pid: int | None = None
@@ -25,26 +25,37 @@ def register() -> None:
     _registered_in_pid = os.getpid()
 
     from vllm_npu_ext import bootstrap, compat, envs
+    from vllm_npu_ext.logger import get_logger
     from vllm_npu_ext.patches import apply_patches
 
+    logger = get_logger(__name__)
     compat.declare_environment_variables(envs.VARIABLES)
     bootstrap.apply()
+    if envs.flag(EMULATE_SWITCH):
+        from vllm_npu_ext import emulator
+
+        emulator.install()
+        logger.warning(
+            "vllm-npu-ext in pid %d: %s=1, the NPU path runs on the CPU under the torch_npu "
+            "emulator (a functional check, not a measurement)", os.getpid(), EMULATE_SWITCH,
+        )  # fmt: skip
     registered = []
     if envs.flag("VLLM_NPU_EXT_MODEL_OVERRIDE"):
-        from vllm import ModelRegistry
+        from vllm_npu_ext.patches import vllm_model_registry
 
-        model_class = qwen3_class()
-        ModelRegistry.register_model(QWEN3_ARCHITECTURE, model_class)
-        registered.append(f"{QWEN3_ARCHITECTURE} -> {model_class}")
+        registered += vllm_model_registry.install(model_registrations())
     registered.extend(apply_patches())
-    from vllm_npu_ext.logger import get_logger
-
-    get_logger(__name__).info(
+    logger.info(
         "vllm-npu-ext %s registered in pid %d: %s",
         __version__,
         os.getpid(),
         "; ".join(registered) or "nothing (VLLM_NPU_EXT_MODEL_OVERRIDE=0)",
     )
+
+
+def model_registrations() -> dict[str, str]:
+    """Our registered architecture names -> lazy "module:Class" (`patches.vllm_model_registry`)."""
+    return {"VllmNpuExtQwen3ForCausalLM": qwen3_class()}
 
 
 def qwen3_class() -> str:

@@ -33,7 +33,19 @@ ATTENTION_OPS = ("fused_infer_attention_score", "fusion_attention")
 
 # name -> (default, meaning); documented in README's environment table.
 VARIABLES: dict[str, tuple[str, str]] = {
-    "VLLM_NPU_EXT_MODEL_OVERRIDE": ("1", "0: leave vLLM's own Qwen3ForCausalLM in place"),
+    "VLLM_NPU_EXT_MODEL_OVERRIDE": (
+        "1",
+        "0: vLLM's own Qwen3 classes for every run (1: ours for pooling runs)",
+    ),
+    "VLLM_NPU_EXT_GENERATION": (
+        "0",
+        "1: our Qwen3 class for generation too (default: generation runs vLLM's own)",
+    ),
+    "VLLM_NPU_EXT_EMULATE": (
+        "0",
+        "1: every vLLM process installs the torch_npu emulator, so the NPU path runs on the "
+        "CPU (a functional check of a whole server; nothing is measured)",
+    ),
     "VLLM_NPU_EXT_KV_CACHE_FREE": (
         "1",
         "1: pooling runs allocate and write no KV cache (prefix caching and chunked prefill "

@@ -1,8 +1,10 @@
 """The torch_npu emulator: run the NPU code path on any CPU.
 
 A strict stand-in for the torch_npu operators the project calls, installed as
-`sys.modules["torch_npu"]`. Tests and `vllm-npu-ext selfcheck --emulate` run the NPU path
-with it; nothing else in the package imports it. `vllm_npu_ext.ops.dispatch` is the one place that recognises it.
+`sys.modules["torch_npu"]`. Tests, `vllm-npu-ext selfcheck --emulate` and, with
+`VLLM_NPU_EXT_EMULATE=1`, `register()` in every vLLM process (a whole server) run the NPU
+path with it; nothing else in the package imports it. `vllm_npu_ext.ops.dispatch` is the one
+place that recognises it.
 
 Emulates the torch_npu operators the project calls. Each call is bound against the
 operator's schema extracted from the torch-npu wheel (`torch_npu_schemas.json`), checked

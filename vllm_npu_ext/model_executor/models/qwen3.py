@@ -1,7 +1,8 @@
 """Qwen3 for vLLM, built from vllm-npu-ext's fused layers.
 
-Registered as `Qwen3ForCausalLM`, so `--runner pooling --convert embed` turns it into an
-embedding model (last-token pooling, L2 normalisation) and generation uses it too. The
+Pooling runs of a `Qwen3ForCausalLM` checkpoint get this class (`patches.vllm_model_registry`),
+so `--runner pooling --convert embed` turns it into an embedding model (last-token pooling,
+L2 normalisation); generation runs vLLM's own Qwen3 unless `VLLM_NPU_EXT_GENERATION=1`. The
 layers live in `vllm_npu_ext.model_executor.layers`; this file only wires them.
 
 Two classes differ only in `attn_type`, which vLLM reads (and caches per class) for pooling
