@@ -31,7 +31,10 @@
 #define NPU_EXT_AU_FN inline
 #endif
 
-namespace npu_ext_attention_update {
+// Not `npu_ext_attention_update`: that is the kernel entry's name (the op type in snake_case,
+// op_kernel/npu_ext_attention_update.cpp), and a namespace and a function of one name in the
+// global scope do not compile (the op build's -D<entry>=<entry>_<key>_tilingkey renames both).
+namespace npu_ext_au {
 
 // ---- Operator limits (the same rules as vllm_npu_ext.ops.attention_update and op_api) ----
 constexpr uint32_t kMinSp = 1;
@@ -298,6 +301,6 @@ NPU_EXT_AU_FN uint32_t GoLocalOffset(const AttentionUpdateTiling &tiling, uint32
                                                        tiling.goElemBytes));
 }
 
-}  // namespace npu_ext_attention_update
+}  // namespace npu_ext_au
 
 #endif  // NPU_EXT_ATTENTION_UPDATE_TILING_MATH_H

@@ -23,7 +23,7 @@
 #include "kernel_operator.h"
 #include "attention_update_tiling_math.h"
 
-namespace npu_ext_attention_update {
+namespace npu_ext_au {
 
 using namespace AscendC;
 
@@ -260,6 +260,6 @@ private:
     uint32_t coreRows_ = 0;
 };
 
-}  // namespace npu_ext_attention_update
+}  // namespace npu_ext_au
 
 #endif  // NPU_EXT_ATTENTION_UPDATE_KERNEL_H

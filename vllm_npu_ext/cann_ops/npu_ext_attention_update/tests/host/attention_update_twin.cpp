@@ -23,7 +23,7 @@
 #include "tile_walk.h"
 #include "unified_buffer.h"
 
-namespace npu_ext_attention_update {
+namespace npu_ext_au {
 namespace {
 
 constexpr float kLowestFloat = -FLT_MAX;
@@ -217,9 +217,9 @@ void RunTwin(const AttentionUpdateTiling &tiling, uint64_t ubBytes, const float 
 thread_local std::string lastError;
 
 }  // namespace
-}  // namespace npu_ext_attention_update
+}  // namespace npu_ext_au
 
-using npu_ext_attention_update::AttentionUpdateTiling;
+using npu_ext_au::AttentionUpdateTiling;
 
 extern "C" {
 
@@ -233,7 +233,7 @@ int npu_ext_au_twin_tiling(uint64_t sp, uint64_t totalLength, uint64_t hDim, uin
                            uint32_t updateType, uint32_t coreNum, uint64_t ubBytes,
                            AttentionUpdateTiling *tiling)
 {
-    return static_cast<int>(npu_ext_attention_update::ComputeTiling(
+    return static_cast<int>(npu_ext_au::ComputeTiling(
         sp, totalLength, hDim, goElemBytes, updateType, coreNum, ubBytes, tiling));
 }
 
@@ -246,7 +246,7 @@ int npu_ext_au_twin_run(const float *lse, const void *go, void *out, float *lseO
                         uint32_t totalLength, uint32_t hDim, int32_t goDtype, uint32_t updateType,
                         uint32_t coreNum, uint64_t ubBytes)
 {
-    namespace au = npu_ext_attention_update;
+    namespace au = npu_ext_au;
     if (goDtype < kTwinFloat32 || goDtype > kTwinBFloat16) {
         return kTwinBadDtype;
     }
@@ -274,7 +274,7 @@ int npu_ext_au_twin_run(const float *lse, const void *go, void *out, float *lseO
 
 const char *npu_ext_au_twin_last_error()
 {
-    return npu_ext_attention_update::lastError.c_str();
+    return npu_ext_au::lastError.c_str();
 }
 
 }  // extern "C"

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <cstring>
 
-namespace npu_ext_attention_update {
+namespace npu_ext_au {
 
 struct Float32Codec {
     using Storage = float;
@@ -56,6 +56,6 @@ struct BFloat16Codec {
     }
 };
 
-}  // namespace npu_ext_attention_update
+}  // namespace npu_ext_au
 
 #endif  // NPU_EXT_ATTENTION_UPDATE_FLOAT_CODECS_H

@@ -8,7 +8,7 @@
 
 #include "attention_update_tiling_math.h"
 
-namespace npu_ext_attention_update {
+namespace npu_ext_au {
 
 /** Calls visitor.BeginCore(block, core) once per core, then visitor.Tile(core, progress,
  * rows) for each of its tiles. */
@@ -25,6 +25,6 @@ void WalkTiles(const AttentionUpdateTiling &tiling, Visitor &visitor)
     }
 }
 
-}  // namespace npu_ext_attention_update
+}  // namespace npu_ext_au
 
 #endif  // NPU_EXT_ATTENTION_UPDATE_TILE_WALK_H

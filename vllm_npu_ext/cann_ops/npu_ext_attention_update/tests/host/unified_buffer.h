@@ -16,7 +16,7 @@
 
 #include "attention_update_tiling_math.h"
 
-namespace npu_ext_attention_update {
+namespace npu_ext_au {
 
 class UnifiedBuffer {
 public:
@@ -66,6 +66,6 @@ private:
     uint64_t used_ = 0;
 };
 
-}  // namespace npu_ext_attention_update
+}  // namespace npu_ext_au
 
 #endif  // NPU_EXT_ATTENTION_UPDATE_UNIFIED_BUFFER_H
