@@ -4,8 +4,9 @@
  * This header has no AscendC or CANN dependency. It is included by
  *   - op_host/npu_ext_attention_update_tiling.cpp (the real tiling function),
  *   - op_kernel/npu_ext_attention_update_kernel.h (the AscendC kernel),
- *   - tests/host/ (the CPU twin and the coverage sweep, compiled with g++),
- * so the numbers the kernel uses on the NPU are the numbers the host tests check.
+ *   - tests/host/ (the coverage sweep, compiled with g++),
+ * so the numbers the kernel uses on the NPU are the numbers the host tests check (the kernel
+ * itself also runs on the host: host_kernel/).
  *
  * Tensors (all contiguous, row = one (batch, head) pair, N = B*S*Hc rows):
  *   lse     fp32            [sp, N]      shard i is the row block starting at i * N

@@ -1,7 +1,7 @@
 /**
  * The kernel's loop structure on the host: every launched core (block), then every tile of
  * its rows, in the kernel's order (Init: RowsOfCore; Process: TileCount, RowsOfTile).
- * The CPU twin and the coverage sweep both walk tiles through this one function.
+ * The coverage sweep walks tiles through it, in the order the kernel runs them.
  */
 #ifndef NPU_EXT_ATTENTION_UPDATE_TILE_WALK_H
 #define NPU_EXT_ATTENTION_UPDATE_TILE_WALK_H
