@@ -7,6 +7,7 @@ the HTTP server are session-scoped and shared by every test that needs them.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from vllm_npu_ext.cann_ops.npu_ext_attention_update.host_kernel import build as host_kernel_build
 from vllm_npu_ext.tiny_model import make_tiny_model
 
 TESTS_DIR = Path(__file__).resolve().parent
@@ -56,6 +58,17 @@ def pytest_collection_modifyitems(config, items):
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = [item for item in items if not item.get_closest_marker("npu")]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def host_kernel_cache(tmp_path_factory):
+    """One host build of our AscendC kernel per session, in the session's tmp directory (unless
+    VLLM_NPU_EXT_HOST_KERNEL_CACHE is set), shared with the subprocesses tests start."""
+    variable = host_kernel_build.CACHE_VARIABLE
+    with pytest.MonkeyPatch.context() as patch:
+        if not os.environ.get(variable):
+            patch.setenv(variable, str(tmp_path_factory.mktemp("host_kernel")))
+        yield Path(os.environ[variable])
 
 
 @pytest.fixture(scope="session")

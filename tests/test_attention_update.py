@@ -51,13 +51,28 @@ def float64_merge(lse, out):
     return (weights * out.double().nan_to_num(0.0)).sum(dim=0), total
 
 
+def merge_on(path, lse, out, monkeypatch):
+    """`attention_update(lse, out, 1)` on `path`: "cpu", the CPU kernel (the PyTorch
+    reference), or "custom", the NPU path under the emulator through our CANN op, whose
+    emulated kernel is our AscendC kernel source built for the host."""
+    if path == "cpu":
+        return attention_update(lse, out, update_type=1)
+    monkeypatch.setenv(update_module.KERNEL_SWITCH, "custom")
+    emulated_cann_ops.calls.clear()
+    with torch_npu_emulator.emulated(), emulated_cann_ops.emulated():
+        merged = attention_update(lse, out, update_type=1)
+    assert emulated_cann_ops.calls[emulated_cann_ops.OP_NAME] == 1
+    return merged
+
+
+@pytest.mark.parametrize("path", ["cpu", "custom"])
 @pytest.mark.parametrize("strided", [False, True], ids=["contiguous", "strided"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("head_dim", [8, 64, 128, 512])
 @pytest.mark.parametrize("sp", [1, 2, 4, 8, 16])
-def test_matches_float64_reference(sp, head_dim, dtype, strided):
+def test_matches_float64_reference(sp, head_dim, dtype, strided, path, monkeypatch):
     lse, out = make_inputs(sp, 37, head_dim, dtype, strided=strided, empty_rows=(5,))
-    merged, lse_out = attention_update(lse, out, update_type=1)
+    merged, lse_out = merge_on(path, lse, out, monkeypatch)
     expected, expected_lse = float64_merge(lse, out)
     tol = op_tolerance("npu_attention_update", dtype)
     atol, rtol = tol.atol, tol.rtol
@@ -104,14 +119,15 @@ def test_update_type_zero_returns_no_lse():
     assert attention_update(lse, out, update_type=0)[1] is None
 
 
+@pytest.mark.parametrize("path", ["cpu", "custom"])
 @pytest.mark.parametrize("return_lse", [False, True])
-def test_matches_vllm_lse_weighted_combine(return_lse):
+def test_matches_vllm_lse_weighted_combine(return_lse, path, monkeypatch):
     sp, batch, heads, head_dim = 4, 5, 3, 32
     lse, out = make_inputs(sp, batch * heads, head_dim, torch.float32, seed=3)
     expected = _lse_weighted_combine(
         out.view(sp, batch, heads, head_dim), lse.view(sp, batch, heads), return_lse=return_lse
     )
-    merged, lse_out = attention_update(lse, out, update_type=1)
+    merged, lse_out = merge_on(path, lse, out, monkeypatch)
     if return_lse:
         expected, expected_lse = expected
         torch.testing.assert_close(lse_out.view(batch, heads), expected_lse)

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 import torch
+from support.host_kernel import without_compiler
 
 from vllm_npu_ext import bootstrap, emulator, selfcheck
 from vllm_npu_ext.ops import dispatch
@@ -102,6 +103,14 @@ def test_without_our_custom_operator_its_cases_are_reported_as_not_run(run_in_pr
     assert any(line.startswith("INFO") and "installed=false" in line for line in lines)
     assert not any("op=npu_ext_attention_update" in line for line in passed)
     assert any("op=npu_attention_update " in line for line in passed)
+
+
+def test_without_a_compiler_our_custom_operator_fails_naming_it(run_in_process, monkeypatch):
+    with without_compiler(monkeypatch) as missing:
+        code, out = run_in_process("--emulate", "--quick", "--parts", "ops")
+    failed = [line for line in out.splitlines() if line.startswith("FAIL ")]
+    assert code == 1 and failed
+    assert all("op=npu_ext_attention_update " in line and missing in line for line in failed)
 
 
 def _nudge(result):

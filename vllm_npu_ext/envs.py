@@ -71,6 +71,11 @@ VARIABLES: dict[str, tuple[str, str]] = {
         "",
         "vendor directory of our custom op package (default: the cann_ops build's install)",
     ),
+    "VLLM_NPU_EXT_HOST_KERNEL_CACHE": (
+        "",
+        "directory of the host (g++) builds of our AscendC kernel that the emulator runs "
+        "(default: $XDG_CACHE_HOME/vllm-npu-ext/host-kernel, else ~/.cache/...)",
+    ),
     "VLLM_NPU_EXT_SELFCHECK_EMULATE": (
         "0",
         "1: `vllm-npu-ext selfcheck` runs on the CPU under the torch_npu emulator (tests "

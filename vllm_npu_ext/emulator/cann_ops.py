@@ -2,8 +2,13 @@
 
 On Ascend the op's NPU kernel comes from the compiled extension in `vllm_npu_ext.cann_ops`;
 here a CPU kernel is registered that enforces the op_api contract (lse fp32 `[sp, N]`,
-go `[sp, N, D]`, the rules of `check_attention_update_args`) and computes the merge, so that
-the "custom" branch of the AttentionUpdate dispatch runs on CPU:
+go `[sp, N, D]`, the rules of `check_attention_update_args`) and then runs OUR AscendC
+kernel source: op_host's tiling and op_kernel/'s kernel compiled for the host with g++
+(`cann_ops/npu_ext_attention_update/host_kernel`), on every simulated vector core of an
+Atlas A2 (40 cores, 192 KiB UB). The library is built on first use into
+`$VLLM_NPU_EXT_HOST_KERNEL_CACHE` (default ~/.cache/vllm-npu-ext/host-kernel); without a C++
+compiler the call raises an error naming it. There is no fall-back to the PyTorch reference:
+the parity checks compare the kernel with the reference.
 
     with torch_npu_emulator.emulated(), emulated_cann_ops.emulated():
         attention_update(lse, out)         # -> npu_ext_cann::npu_ext_attention_update
@@ -22,10 +27,8 @@ from collections.abc import Iterator
 import torch
 
 from vllm_npu_ext.cann_ops import binding
-from vllm_npu_ext.ops.attention_merge import (
-    attention_update_reference,
-    check_attention_update_args,
-)
+from vllm_npu_ext.cann_ops.npu_ext_attention_update.host_kernel.library import default_kernel
+from vllm_npu_ext.ops.attention_merge import check_attention_update_args
 
 OP_NAME = binding.OP_NAME
 QUALNAME = binding.QUALIFIED_NAME
@@ -37,10 +40,15 @@ _libraries: dict[str, torch.library.Library] = {}
 def emulated_kernel(
     lse: torch.Tensor, go: torch.Tensor, update_type: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The op_api contract, then the reference: (out `[N, D]` in go's dtype, lse `[N]` fp32)."""
+    """The op_api contract, then the host build of the AscendC kernel.
+
+    Returns (out `[N, D]` in go's dtype, lse_out `[N]` fp32; NaN for update_type 0, which
+    leaves it unwritten).
+    """
     calls[OP_NAME] += 1
     check_attention_update_args(lse, go, update_type)
-    return attention_update_reference(lse, go, update_type)
+    out, lse_out, _ = default_kernel().launch(lse, go, update_type)
+    return out, lse_out
 
 
 def install() -> None:

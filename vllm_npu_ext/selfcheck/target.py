@@ -48,7 +48,8 @@ class Target:
 @contextlib.contextmanager
 def open_target(emulate: bool) -> Iterator[Target]:
     """The target for this run. Emulated: the torch_npu emulator as `torch_npu` and the
-    emulated CPU kernel of our custom op, both removed again on exit."""
+    emulated CPU kernel of our custom op (our AscendC kernel built for the host), both removed
+    again on exit."""
     if not emulate:
         if not dispatch.npu_available():  # imports torch_npu, which makes "npu" a device type
             raise RuntimeError("no usable Ascend NPU (torch_npu does not import or sees none)")

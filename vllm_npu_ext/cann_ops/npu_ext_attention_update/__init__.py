@@ -2,8 +2,9 @@
 
 Layout (as CANN's own operator packages): `op_host/` (definition, infershape, tiling),
 `op_kernel/` (AscendC kernel and the AscendC-free tiling header), `op_api/` (aclnn API),
-`torch_binding/` (PrivateUse1 kernel and torchair converter), `tests/` (golden reference,
-CPU twin and tiling sweep). See README.md for the build.
+`torch_binding/` (PrivateUse1 kernel and torchair converter), `host_kernel/` (the kernel
+source built and run on the host with g++), `tests/` (golden reference and tiling sweep).
+See README.md for the build.
 """
 
 from __future__ import annotations

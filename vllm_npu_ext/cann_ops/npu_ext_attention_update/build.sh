@@ -7,7 +7,7 @@
 #   ./build.sh --install-path=/opt/opp  install elsewhere: <path>/vendors/vllm_npu_ext
 #   ./build.sh --soc=ascend910b         one SoC only (ascend910b, ascend910_93 or all)
 #   ./build.sh --no-install             build the .run package only
-#   ./build.sh --host-tests             g++ tiling sweep + CPU twin build; no CANN needed
+#   ./build.sh --host-tests             g++ tiling sweep + host build of the kernel; no CANN
 set -euo pipefail
 
 OP_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -33,7 +33,8 @@ for arg in "$@"; do
         --build-dir=*) build_dir="${arg#*=}" ;;
         --jobs=*) jobs="${arg#*=}" ;;
         --no-install) do_install=0 ;;
-        --host-tests) exec python3 "${OP_DIR}/tests/host_build.py" ;;
+        --host-tests) cd "${OP_DIR}/../../.." &&
+            exec python3 -m vllm_npu_ext.cann_ops.npu_ext_attention_update.tests.host_build ;;
         -h|--help) usage; exit 0 ;;
         *) die "unknown option ${arg} (see --help)" ;;
     esac

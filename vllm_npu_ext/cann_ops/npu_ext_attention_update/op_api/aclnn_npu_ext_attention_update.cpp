@@ -19,7 +19,7 @@
 
 namespace {
 
-namespace limits = npu_ext_attention_update;
+namespace limits = npu_ext_au;
 
 constexpr size_t kLseRank = 2;  // [sp, N]
 constexpr size_t kGoRank = 3;   // [sp, N, D]

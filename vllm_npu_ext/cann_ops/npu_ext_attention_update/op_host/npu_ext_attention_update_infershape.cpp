@@ -8,12 +8,12 @@
 
 namespace ge {
 
-using npu_ext_attention_update::kGoIndex;
-using npu_ext_attention_update::kGoRank;
-using npu_ext_attention_update::kLseIndex;
-using npu_ext_attention_update::kLseOutIndex;
-using npu_ext_attention_update::kLseRank;
-using npu_ext_attention_update::kOutIndex;
+using npu_ext_au::kGoIndex;
+using npu_ext_au::kGoRank;
+using npu_ext_au::kLseIndex;
+using npu_ext_au::kLseOutIndex;
+using npu_ext_au::kLseRank;
+using npu_ext_au::kOutIndex;
 
 graphStatus NpuExtAttentionUpdateInferShape(gert::InferShapeContext *context)
 {

@@ -7,7 +7,7 @@
 
 #include <cstddef>
 
-namespace npu_ext_attention_update {
+namespace npu_ext_au {
 
 constexpr size_t kLseIndex = 0;             // input lse     fp32 [sp, N]
 constexpr size_t kGoIndex = 1;              // input go      [sp, N, D]
@@ -17,6 +17,6 @@ constexpr size_t kUpdateTypeAttrIndex = 0;  // attr update_type
 constexpr size_t kLseRank = 2;
 constexpr size_t kGoRank = 3;
 
-}  // namespace npu_ext_attention_update
+}  // namespace npu_ext_au
 
 #endif  // NPU_EXT_ATTENTION_UPDATE_IO_H

@@ -16,14 +16,14 @@
 namespace optiling {
 namespace {
 
-using npu_ext_attention_update::AttentionUpdateTiling;
-using npu_ext_attention_update::ComputeTiling;
-using npu_ext_attention_update::TilingStatus;
-using npu_ext_attention_update::kGoIndex;
-using npu_ext_attention_update::kGoRank;
-using npu_ext_attention_update::kLseIndex;
-using npu_ext_attention_update::kLseRank;
-using npu_ext_attention_update::kUpdateTypeAttrIndex;
+using npu_ext_au::AttentionUpdateTiling;
+using npu_ext_au::ComputeTiling;
+using npu_ext_au::TilingStatus;
+using npu_ext_au::kGoIndex;
+using npu_ext_au::kGoRank;
+using npu_ext_au::kLseIndex;
+using npu_ext_au::kLseRank;
+using npu_ext_au::kUpdateTypeAttrIndex;
 
 // One kernel binary per go dtype; the same literals are in op_kernel's TILING_KEY_IS.
 constexpr uint64_t kTilingKeyFloat = 1;

@@ -2,7 +2,7 @@
  * Tiling data of NpuExtAttentionUpdate as CANN registers it for the kernel.
  *
  * The fields, their order and their meaning are those of
- * npu_ext_attention_update::AttentionUpdateTiling (op_kernel/attention_update_tiling_math.h);
+ * npu_ext_au::AttentionUpdateTiling (op_kernel/attention_update_tiling_math.h);
  * the host tests check that the two lists agree.
  */
 #ifndef NPU_EXT_ATTENTION_UPDATE_TILING_H

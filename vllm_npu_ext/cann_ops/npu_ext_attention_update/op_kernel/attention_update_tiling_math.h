@@ -4,8 +4,9 @@
  * This header has no AscendC or CANN dependency. It is included by
  *   - op_host/npu_ext_attention_update_tiling.cpp (the real tiling function),
  *   - op_kernel/npu_ext_attention_update_kernel.h (the AscendC kernel),
- *   - tests/host/ (the CPU twin and the coverage sweep, compiled with g++),
- * so the numbers the kernel uses on the NPU are the numbers the host tests check.
+ *   - tests/host/ (the coverage sweep, compiled with g++),
+ * so the numbers the kernel uses on the NPU are the numbers the host tests check (the kernel
+ * itself also runs on the host: host_kernel/).
  *
  * Tensors (all contiguous, row = one (batch, head) pair, N = B*S*Hc rows):
  *   lse     fp32            [sp, N]      shard i is the row block starting at i * N
@@ -31,7 +32,10 @@
 #define NPU_EXT_AU_FN inline
 #endif
 
-namespace npu_ext_attention_update {
+// Not `npu_ext_attention_update`: that is the kernel entry's name (the op type in snake_case,
+// op_kernel/npu_ext_attention_update.cpp), and a namespace and a function of one name in the
+// global scope do not compile (the op build's -D<entry>=<entry>_<key>_tilingkey renames both).
+namespace npu_ext_au {
 
 // ---- Operator limits (the same rules as vllm_npu_ext.ops.attention_update and op_api) ----
 constexpr uint32_t kMinSp = 1;
@@ -298,6 +302,6 @@ NPU_EXT_AU_FN uint32_t GoLocalOffset(const AttentionUpdateTiling &tiling, uint32
                                                        tiling.goElemBytes));
 }
 
-}  // namespace npu_ext_attention_update
+}  // namespace npu_ext_au
 
 #endif  // NPU_EXT_ATTENTION_UPDATE_TILING_MATH_H

@@ -7,8 +7,8 @@
 #include "kernel_operator.h"
 #include "npu_ext_attention_update_kernel.h"
 
-using npu_ext_attention_update::AttentionUpdateKernel;
-using npu_ext_attention_update::AttentionUpdateTiling;
+using npu_ext_au::AttentionUpdateKernel;
+using npu_ext_au::AttentionUpdateTiling;
 
 namespace {
 

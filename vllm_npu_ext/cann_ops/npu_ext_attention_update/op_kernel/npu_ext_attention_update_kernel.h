@@ -14,8 +14,9 @@
  *
  * Global buffers are bound once in Init; shard i of a tile is addressed by offset
  * (attention_update_tiling_math.h: i * N + coreStart + progress * tileLength, times D for go).
- * Nothing here can be compiled without the CANN toolkit; the arithmetic it relies on is in
- * the AscendC-free header and is compiled and swept by the host tests.
+ * CANN's toolchain builds it for the NPU; g++ builds this same file for the host against
+ * host_kernel/shim/ (a stand-in for the AscendC calls below that checks their documented
+ * rules), and the tests and the torch_npu emulator run it on every simulated vector core.
  */
 #ifndef NPU_EXT_ATTENTION_UPDATE_KERNEL_H
 #define NPU_EXT_ATTENTION_UPDATE_KERNEL_H
@@ -23,7 +24,7 @@
 #include "kernel_operator.h"
 #include "attention_update_tiling_math.h"
 
-namespace npu_ext_attention_update {
+namespace npu_ext_au {
 
 using namespace AscendC;
 
@@ -260,6 +261,6 @@ private:
     uint32_t coreRows_ = 0;
 };
 
-}  // namespace npu_ext_attention_update
+}  // namespace npu_ext_au
 
 #endif  // NPU_EXT_ATTENTION_UPDATE_KERNEL_H

@@ -1,14 +1,14 @@
 /**
  * The kernel's loop structure on the host: every launched core (block), then every tile of
  * its rows, in the kernel's order (Init: RowsOfCore; Process: TileCount, RowsOfTile).
- * The CPU twin and the coverage sweep both walk tiles through this one function.
+ * The coverage sweep walks tiles through it, in the order the kernel runs them.
  */
 #ifndef NPU_EXT_ATTENTION_UPDATE_TILE_WALK_H
 #define NPU_EXT_ATTENTION_UPDATE_TILE_WALK_H
 
 #include "attention_update_tiling_math.h"
 
-namespace npu_ext_attention_update {
+namespace npu_ext_au {
 
 /** Calls visitor.BeginCore(block, core) once per core, then visitor.Tile(core, progress,
  * rows) for each of its tiles. */
@@ -25,6 +25,6 @@ void WalkTiles(const AttentionUpdateTiling &tiling, Visitor &visitor)
     }
 }
 
-}  // namespace npu_ext_attention_update
+}  // namespace npu_ext_au
 
 #endif  // NPU_EXT_ATTENTION_UPDATE_TILE_WALK_H

@@ -25,7 +25,7 @@
 #include "attention_update_tiling_math.h"
 #include "tile_walk.h"
 
-namespace au = npu_ext_attention_update;
+namespace au = npu_ext_au;
 
 namespace {
 
