@@ -20,10 +20,6 @@ from vllm_npu_ext.emulator import _schema
 from vllm_npu_ext.ops import dispatch
 
 ROOT = Path(__file__).resolve().parent.parent
-# Where a downloaded torch-npu wheel may be (TORCH_NPU_WHEEL); checked against it when present.
-WHEEL = Path(
-    os.environ.get("TORCH_NPU_WHEEL", "torch_npu-2.14.0-cp311-cp311-manylinux_2_28_x86_64.whl")
-)
 MASK = torch.triu(torch.ones(2048, 2048, dtype=torch.bool), diagonal=1)
 BF16 = torch.bfloat16
 
@@ -352,13 +348,29 @@ def test_extractor_writes_json_from_a_wheel(tmp_path):
     assert document["operators"]["npu_linear"][0]["arguments"][1]["default"] == 1e-06
 
 
-def test_committed_schemas_come_from_torch_npu_2_14_and_cover_every_operator():
+@pytest.fixture(scope="module")
+def pinned_wheel(request) -> Path:
+    """The pinned torch-npu wheel: TORCH_NPU_WHEEL if set, else pip-downloaded into pytest's
+    cache (about 40 MB, once). A failed download fails the test with pip's message."""
+    local = os.environ.get("TORCH_NPU_WHEEL")
+    if local:
+        if not Path(local).is_file():
+            pytest.fail(f"TORCH_NPU_WHEEL={local} is not a file")
+        return Path(local)
+    cache = request.config.cache.mkdir("torch_npu_wheel")
+    try:
+        return extractor.download(extractor.PINNED_VERSION, cache)
+    except RuntimeError as error:
+        pytest.fail(f"cannot check the committed schemas against the pinned wheel: {error}")
+
+
+def test_committed_schemas_equal_a_fresh_extraction_from_the_pinned_wheel(pinned_wheel):
     document = _schema.schema_document()
-    assert document["torch_npu_version"] == "2.14.0"
-    assert document["source_wheel"] == WHEEL.name
+    assert extractor.PINNED_VERSION == "2.10.0.post4"  # vllm-ascend 0.23.0.post1's pin
+    assert document["torch_npu_version"] == extractor.PINNED_VERSION
+    assert document["source_wheel"] == extractor.wheel_name(extractor.PINNED_VERSION)
     assert set(document["operators"]) == set(extractor.OPERATORS) == set(emu.OPERATORS)
-    if WHEEL.exists():
-        assert extractor.extract(WHEEL) == document
+    assert extractor.extract(pinned_wheel) == document
     for schemas in document["operators"].values():
         for schema in schemas:
             reparsed = extractor.parse_schema(schema["schema"])
@@ -367,3 +379,11 @@ def test_committed_schemas_come_from_torch_npu_2_14_and_cover_every_operator():
         "arguments"]}
     assert fia_args["actual_seq_lengths"]["type"] == "SymInt[]?"
     assert fia_args["scale"]["default"] == 1.0 and fia_args["scale"]["keyword_only"]
+
+
+def test_a_failed_wheel_download_raises_with_pips_message(tmp_path, monkeypatch):
+    monkeypatch.setenv("PIP_INDEX_URL", (tmp_path / "no-index").as_uri())
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path))
+    with pytest.raises(RuntimeError, match=r"pip download of torch-npu==0\.0\.1 .*failed"):
+        extractor.download("0.0.1", tmp_path / "dest")
