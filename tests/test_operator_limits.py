@@ -165,3 +165,48 @@ def test_a_shape_no_fused_operator_takes_runs_attention_unfused(log):
     fusions = qwen3._fusions_for(BF16, _layer(1024, 4, 2))
     assert not fusions.attention and fusions.rms_norm
     assert "attention runs unfused" in log.lines[-1]
+
+
+def _attention_cases():
+    from vllm_npu_ext.selfcheck.parity_tables import UNIT_CASES, qwen3_cases
+
+    return [c for c in UNIT_CASES + qwen3_cases() if c.op == "attention"]
+
+
+def test_parity_cases_cover_both_sides_of_the_fia_boundary_and_stay_inside_the_docs():
+    """selfcheck and the NPU tier: FIA at Qwen3-Embedding's own shape (bf16, head_dim 128,
+    16 q / 8 kv heads), FA at the small head dims and the dtypes FIA lacks; no case calls an
+    operator outside its documented domain."""
+    seen = set()
+    for case in _attention_cases():
+        params = case.kwargs
+        shape = (params.get("head_dim", 64), params["q_heads"], params["kv_heads"])
+        operator = params["operator"]
+        assert attention.unsupported_reason(operator, case.dtype, *shape) is None, str(case)
+        seen.add((operator, case.dtype, shape))
+    assert (FIA, BF16, (128, 16, 8)) in seen
+    assert {(FA, BF16, (32, 4, 4)), (FA, BF16, (64, 8, 2)), (FA, FP16, (128, 16, 8)),
+            (FA, FP32, (128, 16, 8))} <= seen  # fmt: skip
+
+
+def test_every_strided_attention_update_case_has_a_contiguous_twin():
+    """The same sizes with lists of contiguous tensors: on hardware, the strided form failing
+    alone means aclnnAttentionUpdate needs VLLM_NPU_EXT_ATTENTION_UPDATE_CONTIGUOUS=1."""
+    from vllm_npu_ext.selfcheck.parity_tables import UNIT_CASES, qwen3_cases
+
+    for cases in (UNIT_CASES, qwen3_cases()):
+        strided = {(c.dtype, c.params) for c in cases if c.op == "attention_update_strided"}
+        contiguous = {(c.dtype, c.params) for c in cases if c.op == "attention_update"}
+        assert strided and strided <= contiguous
+
+
+def test_selfchecks_full_plan_runs_the_model_through_both_attention_operators():
+    from vllm_npu_ext.selfcheck.plan import FULL, TINY_MODELS
+    from vllm_npu_ext.tiny_model import PRESETS
+
+    operators = set()
+    for name, dtype in FULL.tiny_runs:
+        config = {**PRESETS["tiny"], **TINY_MODELS[name]}
+        shape = (config["head_dim"], config["num_attention_heads"], config["num_key_value_heads"])
+        operators.add(attention.choose_operator(FIA, getattr(torch, dtype), *shape).operator)
+    assert operators == {FIA, FA}

@@ -65,6 +65,11 @@ VARIABLES: dict[str, tuple[str, str]] = {
         "context-parallel merge kernel on NPU: auto (our custom op when loaded, else "
         "torch_npu.npu_attention_update), custom, or list",
     ),
+    "VLLM_NPU_EXT_ATTENTION_UPDATE_CONTIGUOUS": (
+        "0",
+        "1: copy the CP merge's strided lse/out views into contiguous tensors before "
+        "torch_npu.npu_attention_update (the list kernel); 0: pass the views, as vllm-ascend does",
+    ),
     "VLLM_NPU_EXT_CP_PATCH": ("1", "0: leave vllm-ascend's context-parallel decode merge as is"),
     "VLLM_NPU_EXT_BOOTSTRAP": ("1", "0: do not reorder ASCEND_CUSTOM_OPP_PATH/LD_LIBRARY_PATH"),
     "VLLM_NPU_EXT_OPP_PATH": (
