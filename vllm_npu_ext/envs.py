@@ -13,7 +13,7 @@ import os
 # Fusion name -> (fused NPU operator, unfused equivalent). Order is the README table's.
 FUSIONS: dict[str, tuple[str, str]] = {
     "attention": (
-        "npu_fused_infer_attention_score (TND, sparse_mode=3, native GQA)",
+        "npu_fused_infer_attention_score or npu_fusion_attention (TND, sparse_mode=3, GQA)",
         "per-sequence matmul + softmax, K/V repeated per query group",
     ),
     "rms_norm": ("npu_rms_norm (also the per-head q/k norms)", "float32 pow/mean/rsqrt/mul"),
@@ -58,7 +58,8 @@ VARIABLES: dict[str, tuple[str, str]] = {
     },
     ATTENTION_OP: (
         "fused_infer_attention_score",
-        "fused attention operator: fused_infer_attention_score or fusion_attention",
+        "fused attention operator: fused_infer_attention_score or fusion_attention (the other "
+        "one where the chosen one does not take the model's dtype or head_dim)",
     ),
     "VLLM_NPU_EXT_ATTENTION_UPDATE_KERNEL": (
         "auto",
