@@ -11,10 +11,12 @@ Documented limits of the TND (varlen) layout, from torch-npu 2.10.0.post4's
 
 - FIA: bfloat16 only (W:8153, W:8689); Q_D = K_D = V_D = 128, or Q_D = K_D = 192 with
   V_D 128/192 (W:8686, OPm:388); K_N == V_N with Q_N a multiple, ratio <= 64 (W:8687);
-  at most 4096 sequences (W:8694, OPm:377); T <= 1M (W:8674). The older passage W:8149-8156
-  (Q_D = K_D = 192 only, Q_N == K_N, T <= 65536) is not applied: vllm-ascend 0.23 calls FIA
-  in TND with D = 128 and GQA on every Qwen3 prefill (attention/attention_v1.py:1336-1357),
-  tested on Atlas A2 (tests/ut/attention/a2/test_attention_v1_precision.py:236, :350-378).
+  at most 4096 sequences (W:8694, OPm:377); T <= 1M (W:8674). W:8674-8694 document
+  npu_fused_infer_attention_score_v2; FIA's own passage W:8149-8156 (Q_D = K_D = 192 only,
+  Q_N == K_N, T <= 65536) is not applied: op-plugin's newer FIA doc drops it (OPm:377-388),
+  and vllm-ascend 0.23 calls FIA in TND with D = 128 and GQA on every Qwen3 prefill
+  (attention/attention_v1.py:1336-1357), tested on Atlas A2
+  (tests/ut/attention/a2/test_attention_v1_precision.py:236, :350-378).
   Its "actual_seq_lengths < actual_seq_lengths_kv" for sparse_mode 3 (W:8155, W:8690) is
   not applied either: vllm-ascend passes equal lengths (attention_v1.py:1194-1197).
 - FA: at most 1024 sequences ("varlen场景下长度最大支持1K", W:1657; B 1~2K, W:1643),
@@ -135,9 +137,10 @@ def npu_fused_infer_attention_score(call: BoundCall) -> tuple[torch.Tensor, torc
     """FIA, as torch_npu documents it: softmax(scale * q k^T + mask) v.
 
     TND: query `[T, N, D]`, key/value `[T_kv, N_kv, D]`, `actual_seq_lengths(_kv)` cumulative
-    Python int lists without a leading 0 (last == T). dtype float16/bfloat16 (float32 is not
-    accepted by the real operator). Returns (out like query, LSE float32 `[T, N, 1]` when
-    softmax_lse_flag, else a float32 `[1]` zero).
+    Python int lists without a leading 0 (last == T); bfloat16 with D 128 or 192 only (module
+    docstring). Other layouts: float16/bfloat16 (float32 is not accepted by the real
+    operator). Returns (out like query, LSE float32 `[T, N, 1]` when softmax_lse_flag, else
+    a float32 `[1]` zero).
     """
     call.require_defaults(FIA_HANDLED)
     _require_layout(FIA, call.input_layout, FIA_LAYOUTS, FIA_OTHER_LAYOUTS)

@@ -11,6 +11,9 @@ Which operator takes which shapes in TND (`choose_operator`), from torch-npu 2.1
 
 - FIA: bfloat16 only (W:8153, W:8689); head_dim 128 or 192 (W:8686, OPm:388); q heads a
   multiple of kv heads, ratio <= 64 (W:8687); at most 4096 sequences (W:8694, OPm:377).
+  W:8674-8694 is the passage of npu_fused_infer_attention_score_v2; FIA's own older passage
+  (W:8149-8156: head_dim 192 only, equal head counts) is contradicted by op-plugin's newer
+  FIA doc and by vllm-ascend's hardware-tested calls, so it is not followed.
   vllm-ascend calls exactly this (TND, GQA, head_dim 128, bf16, sparse_mode 3 with equal q/kv
   lengths) on every Qwen3 prefill (attention/attention_v1.py:1336-1357).
 - FA: float16, bfloat16, float32 (W:1566-1568); head_dim 1..768 (W:1644); q heads 1..256, a

@@ -82,34 +82,33 @@ class Qwen3DecoderLayer(nn.Module):
         return self.mlp(hidden_states, step), residual
 
 
-def _fusions_for(dtype: torch.dtype, attn: Qwen3Attention) -> FusionConfig:
-    """The environment's fusions, minus what the NPU operators do not take for this model.
+def _fusions_for(dtype: torch.dtype, attn: Qwen3Attention) -> tuple[FusionConfig, list[str]]:
+    """The environment's fusions, minus what the NPU operators do not take for this model,
+    and one note per change (the model logs them when it runs the NPU path).
 
     Both limits are documented ones (ops/linear.py, ops/attention.py): npu_grouped_matmul
     takes float32 only as one x/weight/y, so float32 q/k/v use the merged projection; the
     attention operator follows `attention.choose_operator` for the layer's dtype and heads.
     """
-    fusions = FusionConfig.from_env()
+    fusions, notes = FusionConfig.from_env(), []
     if fusions.grouped_qkv and not linear.grouped_linear_supports(dtype):
-        logger.info(
-            "vllm-npu-ext: npu_grouped_matmul takes %s only with a single x/weight/y tensor; "
-            "q/k/v use the merged projection", dtype,
-        )  # fmt: skip
+        notes.append(
+            f"npu_grouped_matmul takes {dtype} only with a single x/weight/y tensor; q/k/v use "
+            "the merged projection"
+        )
         fusions = dataclasses.replace(fusions, grouped_qkv=False)
     if not fusions.attention:
-        return fusions
+        return fusions, notes
     shape = (attn.head_dim, attn.num_heads, attn.num_kv_heads)
     choice = attention.choose_operator(fusions.attention_op, dtype, *shape)
+    described = f"{dtype}, head_dim {shape[0]}, {shape[1]} q / {shape[2]} kv heads"
     if choice.operator is None:
-        logger.info("vllm-npu-ext: %s; attention runs unfused", choice.reason)
-        return dataclasses.replace(fusions, attention=False)
+        notes.append(f"{choice.reason} ({described}); attention runs unfused")
+        return dataclasses.replace(fusions, attention=False), notes
     if choice.operator != fusions.attention_op:
-        logger.info(
-            "vllm-npu-ext: %s (%s, head_dim %d, %d q / %d kv heads); fused attention uses "
-            "npu_%s", choice.reason, dtype, *shape, choice.operator,
-        )  # fmt: skip
+        notes.append(f"{choice.reason} ({described}); fused attention uses npu_{choice.operator}")
         fusions = dataclasses.replace(fusions, attention_op=choice.operator)
-    return fusions
+    return fusions, notes
 
 
 def _platform_compiles(vllm_config: VllmConfig) -> bool:
@@ -149,7 +148,9 @@ class Qwen3Model(nn.Module):
             prefix=f"{prefix}.layers",
         )
         first_attention = self.layers[self.start_layer].self_attn
-        self.fusions = _fusions_for(vllm_config.model_config.dtype, first_attention)
+        self.fusions, notes = _fusions_for(vllm_config.model_config.dtype, first_attention)
+        for note in notes if self.npu_possible else ():
+            logger.info("vllm-npu-ext: %s", note)
         self.norm = (
             RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
             if pp_group.is_last_rank
