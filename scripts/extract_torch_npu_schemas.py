@@ -5,8 +5,12 @@ wheel (a zip; nothing is installed), keeps the `func:` schema strings of the emu
 operators (every overload), parses each into its argument list and writes
 `vllm_npu_ext/emulator/torch_npu_schemas.json` together with the wheel's name and version.
 
-    python scripts/extract_torch_npu_schemas.py path/to/torch_npu-2.14.0-...whl
-    python scripts/extract_torch_npu_schemas.py --download 2.14.0
+The pinned version is the one vllm-ascend 0.23.0.post1 requires (its requirements.txt:
+`torch-npu==2.10.0.post4`), the torch-npu Ascend users run:
+
+    python scripts/extract_torch_npu_schemas.py                  # pip download 2.10.0.post4
+    python scripts/extract_torch_npu_schemas.py --download VERSION
+    python scripts/extract_torch_npu_schemas.py path/to/torch_npu-...whl
 """
 
 from __future__ import annotations
@@ -23,6 +27,11 @@ from pathlib import Path
 import yaml
 
 YAML_PATH = "torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml"
+PINNED_VERSION = "2.10.0.post4"
+# The x86_64 wheel: the schema YAML is byte-identical in the aarch64 one, and pip can fetch
+# it on any machine (the platform is named explicitly).
+WHEEL_PLATFORM = "manylinux_2_28_x86_64"
+WHEEL_PYTHON = "3.11"
 DEFAULT_OUTPUT = (
     Path(__file__).resolve().parent.parent / "vllm_npu_ext" / "emulator" / "torch_npu_schemas.json"
 )
@@ -160,29 +169,48 @@ def extract(wheel_path: Path) -> dict:
     }
 
 
+def wheel_name(version: str) -> str:
+    """The file name of the torch-npu wheel `download` fetches."""
+    tag = "cp" + WHEEL_PYTHON.replace(".", "")
+    return f"torch_npu-{version}-{tag}-{tag}-{WHEEL_PLATFORM}.whl"
+
+
 def download(version: str, directory: Path) -> Path:
-    """`pip download` the torch-npu wheel (no dependencies, nothing installed)."""
-    subprocess.run(
+    """`pip download` the torch-npu wheel into `directory` (no dependencies, nothing installed).
+
+    A wheel already in `directory` is reused. RuntimeError with pip's own message when the
+    download fails (no registry, no such version).
+    """
+    wheel = directory / wheel_name(version)
+    if wheel.is_file():
+        return wheel
+    directory.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
         [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-         "--python-version", "3.11", "--platform", "manylinux_2_28_x86_64",
+         "--python-version", WHEEL_PYTHON, "--platform", WHEEL_PLATFORM,
          "--dest", str(directory), f"torch-npu=={version}"],
-        check=True,
-    )
-    wheels = sorted(directory.glob("torch_npu-*.whl"))
-    if not wheels:
-        raise FileNotFoundError(f"pip download left no torch_npu wheel in {directory}")
-    return wheels[0]
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if done.returncode != 0 or not wheel.is_file():
+        raise RuntimeError(
+            f"pip download of torch-npu=={version} ({wheel.name}) failed with exit status "
+            f"{done.returncode}: {(done.stderr or done.stdout).strip()[-2000:]}"
+        )
+    return wheel
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    source = parser.add_mutually_exclusive_group(required=True)
+    source = parser.add_mutually_exclusive_group()
     source.add_argument("wheel", nargs="?", type=Path, help="a torch_npu wheel file")
-    source.add_argument("--download", metavar="VERSION", help="pip download torch-npu==VERSION")
+    source.add_argument(
+        "--download", metavar="VERSION", default=PINNED_VERSION,
+        help=f"pip download torch-npu==VERSION (default: {PINNED_VERSION}, the pinned version)",
+    )
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        wheel = download(args.download, Path(tmp)) if args.download else args.wheel
+        wheel = args.wheel or download(args.download, Path(tmp))
         document = extract(wheel)
     args.output.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
     counts = {name: len(schemas) for name, schemas in document["operators"].items()}

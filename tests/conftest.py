@@ -30,9 +30,11 @@ PARITY_TEXTS = [
 ]
 
 # Checkpoint configurations for the parity runs: GQA ratios 1, 2 and 4, tied and untied
-# embeddings, head_dim 32 and 64; three in float32 (fused attention through
-# npu_fusion_attention: the fused-infer kernel has no float32) and one in bfloat16 (through
-# npu_fused_infer_attention_score).
+# embeddings, head_dim 32, 64 and 128; three in float32 (fused attention through
+# npu_fusion_attention, q/k/v through the merged projection: npu_fused_infer_attention_score
+# and a three-tensor npu_grouped_matmul take no float32) and one in bfloat16 with head_dim 128
+# (through npu_fused_infer_attention_score, whose TND layout takes head_dim 128 or 192 only,
+# and npu_grouped_matmul), as Qwen3-Embedding runs on Ascend.
 GQA4 = {
     "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 64,
     "hidden_size": 160, "intermediate_size": 352,
@@ -46,7 +48,7 @@ ENGINE_CONFIGS: dict[str, dict] = {
         },
     },
     "gqa4_fp32": {"dtype": "float32", "overrides": GQA4},
-    "gqa4_bf16": {"dtype": "bfloat16", "overrides": GQA4},
+    "gqa4_bf16": {"dtype": "bfloat16", "overrides": {**GQA4, "head_dim": 128}},
 }
 
 

@@ -283,3 +283,26 @@ def test_emulated_cann_kernel_enforces_the_op_api_contract():
         lse, out = make_inputs(3, 5, 8, torch.float16)
         merged, _ = torch.ops.npu_ext_cann.npu_ext_attention_update(lse, out, 0)
     torch.testing.assert_close(merged, attention_update_reference(lse, out)[0])
+
+
+@pytest.mark.parametrize(("switch", "contiguous"), [("0", False), ("1", True)])
+def test_list_kernel_gets_the_strided_views_unless_the_switch_asks_for_copies(
+    monkeypatch, switch, contiguous
+):
+    """Default: the CP buffer's views as they are (aclnn makes them contiguous itself, as for
+    vllm-ascend); VLLM_NPU_EXT_ATTENTION_UPDATE_CONTIGUOUS=1: contiguous copies first."""
+    monkeypatch.setenv(update_module.KERNEL_SWITCH, "list")
+    monkeypatch.setenv(update_module.CONTIGUOUS_SWITCH, switch)
+    lse, out = make_inputs(4, 20, 64, torch.float32, strided=True)
+    seen = []
+    with torch_npu_emulator.emulated() as module:
+        original = module.npu_attention_update
+
+        def recording(lse_list, out_list, update_type):
+            seen.extend(t.is_contiguous() for t in [*lse_list, *out_list])
+            return original(lse_list, out_list, update_type)
+
+        monkeypatch.setattr(module, "npu_attention_update", recording)
+        merged, _ = attention_update(lse, out)
+    assert len(seen) == 8 and set(seen) == {contiguous}
+    torch.testing.assert_close(merged, attention_update_reference(lse, out)[0])

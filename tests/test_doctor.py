@@ -208,3 +208,76 @@ def test_python_m_doctor_prints_json(tmp_path):
     )  # fmt: skip
     assert done.returncode == 1, done.stderr
     assert "is not a directory" in json.loads(done.stdout)["problems"][0]
+
+
+ASCEND_VERSIONS = {
+    "python": "3.11.7", "torch": "2.10.0", "vllm": "0.23.0", "vllm_ascend": "0.23.0.post1",
+    "torch_npu": "2.10.0.post4", "cann": "9.1.0", "vllm_npu_ext": "0.1.0",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("changes", "mismatch"),
+    [
+        ({"torch": "2.11.0"}, "torch 2.11.0 (needs 2.10.x)"),
+        ({"torch_npu": "2.14.0"}, "torch-npu 2.14.0 (needs 2.10.x)"),
+        ({"vllm": "0.32.0"}, "vllm 0.32.0 (needs 0.23.x)"),
+        ({"vllm_ascend": "0.24.0rc1"}, "vllm-ascend 0.24.0rc1 (needs 0.23.x)"),
+        ({"vllm": None}, "vllm missing (needs 0.23.x)"),
+        ({"cann": "8.2.RC1"}, "CANN 8.2.RC1 (needs 9.1.x)"),
+    ],
+)
+def test_a_wrong_ascend_version_set_is_a_problem_with_the_fix(doctor_env, capsys, changes,
+                                                               mismatch):  # fmt: skip
+    doctor_env.setattr(doctor, "versions", lambda: {**ASCEND_VERSIONS, **changes})
+    code, out = run_doctor(capsys)
+    assert code == 1
+    assert f"version set: MISMATCH: {mismatch}" in out
+    problem = next(line for line in out.splitlines() if line.startswith("  - version set"))
+    assert mismatch in problem and "quay.io/ascend/vllm-ascend:v0.23.0.post1" in problem
+    assert "never installs or replaces" in problem
+
+
+@pytest.mark.parametrize(("cann", "shown"), [("9.1.0", "CANN 9.1.0"), (None, "not readable")])
+def test_the_ascend_set_vllm_ascend_023_runs_on_passes(doctor_env, capsys, cann, shown):
+    doctor_env.setattr(doctor, "versions", lambda: {**ASCEND_VERSIONS, "cann": cann})
+    code, out = run_doctor(capsys)
+    assert code == 0, out
+    assert "version set: ok (" in out and shown in out
+
+
+def test_the_cpu_development_stack_is_not_checked(doctor_env, capsys):
+    cpu = {**ASCEND_VERSIONS, "torch": "2.13.0+cpu", "vllm": "0.32.0", "vllm_ascend": None,
+           "torch_npu": None, "cann": None}  # fmt: skip
+    doctor_env.setattr(doctor, "versions", lambda: cpu)
+    code, out = run_doctor(capsys, "--json")
+    report = json.loads(out)
+    assert code == 0 and report["problems"] == []
+    assert report["ascend_stack"] == {"checked": False, "mismatched": [], "cann": None}
+
+
+def test_the_binding_is_reported_as_not_built_here(doctor_env, capsys):
+    code, out = run_doctor(capsys, "--json")
+    assert json.loads(out)["binding"] == {"present": False, "loads": None, "error": None,
+                                          "path": None}  # fmt: skip
+    code, out = run_doctor(capsys)
+    assert "torch binding vllm_npu_ext._cann_C: not built" in out
+    assert "vllm-npu-ext build-ops --binding-only" in out
+
+
+@pytest.mark.parametrize(
+    ("binding", "kernel", "fix"),
+    [
+        ({"present": True, "loads": False, "error": "undefined symbol: aclnnFoo",
+          "path": "/x/_cann_C.so"}, "auto", "rebuild it against this torch"),
+        ({"present": False, "loads": None, "error": None, "path": None}, "custom",
+         "KERNEL=custom but the torch binding"),
+    ],
+    ids=["does-not-load", "custom-without-binding"],
+)  # fmt: skip
+def test_a_broken_or_missing_binding_is_a_problem(doctor_env, capsys, binding, kernel, fix):
+    doctor_env.setattr(doctor.ascend_stack, "binding_report", lambda: binding)
+    doctor_env.setenv("VLLM_NPU_EXT_ATTENTION_UPDATE_KERNEL", kernel)
+    code, out = run_doctor(capsys)
+    assert code == 1
+    assert fix in out and "vllm-npu-ext build-ops --binding-only" in out

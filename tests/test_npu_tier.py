@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from vllm_npu_ext.selfcheck.parity_tables import UNIT_CASES, qwen3_cases
+from vllm_npu_ext.selfcheck.plan import FULL, TINY_MODELS
 
 pytestmark = pytest.mark.npu
 
@@ -73,14 +74,18 @@ def test_custom_attention_update_matches_cpu_reference(torch_npu, case):
     _assert_parity_on_device(torch_npu, case)
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_tiny_model_npu_path_matches_hf(torch_npu, tmp_path, dtype):
-    """The engine's NPU path, forward_packed under every fusion configuration, vs HF."""
+TINY_RUN_IDS = [f"{name}-{dtype}" for name, dtype in FULL.tiny_runs]
+
+
+@pytest.mark.parametrize(("name", "dtype"), FULL.tiny_runs, ids=TINY_RUN_IDS)
+def test_tiny_model_npu_path_matches_hf(torch_npu, tmp_path, name, dtype):
+    """The engine's NPU path, forward_packed under every fusion configuration, vs HF: head_dim
+    32 (npu_fusion_attention) and, in bfloat16, head_dim 128 (npu_fused_infer_attention_score)."""
     from vllm_npu_ext.selfcheck.model_check import check_model
     from vllm_npu_ext.tiny_model import make_tiny_model
 
-    tiny = make_tiny_model(tmp_path / "tiny")
-    results = check_model("tiny", tiny, dtype, emulate=False, workdir=tmp_path)
+    tiny = make_tiny_model(tmp_path / name, **TINY_MODELS[name])
+    results = check_model(name, tiny, dtype, emulate=False, workdir=tmp_path)
     failed = [r.line() for r in results if r.failed]
     assert not failed, "\n".join(failed + [d for r in results for d in r.details])
     assert any(r.fields.get("check") == "engine-vs-hf" for r in results)

@@ -62,3 +62,23 @@ def test_last_token_pool_rejects_bad_shapes():
         last_token_pool(torch.zeros(2, 3, 4), torch.tensor([0, 2]))
     with pytest.raises(ValueError, match="cu_seqlens"):
         last_token_pool(torch.zeros(2, 4), torch.tensor([0]))
+
+
+@pytest.mark.parametrize(
+    ("max_seqs", "max_tokens", "expected"),
+    [
+        (10, 100, [(0, (0, 3, 7, 12, 18, 25))]),  # fits: the batch itself
+        (2, 100, [(0, (0, 3, 7)), (7, (0, 5, 11)), (18, (0, 7))]),
+        (10, 9, [(0, (0, 3, 7)), (7, (0, 5)), (12, (0, 6)), (18, (0, 7))]),
+    ],
+)
+def test_chunks_keep_whole_sequences_within_both_limits(max_seqs, max_tokens, expected):
+    seqs = PackedSeqs.from_seq_lens([3, 4, 5, 6, 7])
+    chunks = seqs.chunks(max_seqs, max_tokens)
+    assert [(start, chunk.cu_seqlens) for start, chunk in chunks] == expected
+    assert sum(chunk.num_tokens for _, chunk in chunks) == seqs.num_tokens
+
+
+def test_chunks_reject_a_sequence_longer_than_the_token_limit():
+    with pytest.raises(ValueError, match="7 tokens exceeds the limit of 6"):
+        PackedSeqs.from_seq_lens([3, 7]).chunks(10, 6)

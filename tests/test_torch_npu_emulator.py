@@ -1,34 +1,23 @@
-"""Contracts of the strict torch_npu emulator: schema binding, rejection rules, call counting,
-installation, and the schema extraction script. Numeric checks live in
-test_torch_npu_emulator_math.py."""
+"""Contracts of the strict torch_npu emulator: schema binding, rejection rules, call counting
+and installation. Numeric checks live in test_torch_npu_emulator_math.py, the schema
+extraction in test_torch_npu_schemas.py."""
 
 from __future__ import annotations
 
 import json
-import os
 import sys
-import zipfile
-from pathlib import Path
 
 import pytest
 import torch
-from support.scripts import load_script
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from vllm_npu_ext import emulator as emu
 from vllm_npu_ext.emulator import _schema
 from vllm_npu_ext.ops import dispatch
 
-ROOT = Path(__file__).resolve().parent.parent
-# Where a downloaded torch-npu wheel may be (TORCH_NPU_WHEEL); checked against it when present.
-WHEEL = Path(
-    os.environ.get("TORCH_NPU_WHEEL", "torch_npu-2.14.0-cp311-cp311-manylinux_2_28_x86_64.whl")
-)
 MASK = torch.triu(torch.ones(2048, 2048, dtype=torch.bool), diagonal=1)
 BF16 = torch.bfloat16
 
-
-extractor = load_script("scripts/extract_torch_npu_schemas.py")
 
 
 @pytest.fixture(autouse=True)
@@ -41,13 +30,26 @@ def rand(*shape, dtype=BF16):
 
 
 def fia(**changes):
-    """A valid TND causal GQA FIA call (T=7, N=4, N_kv=2, D=16) with `changes` applied."""
+    """A valid TND causal GQA FIA call (T=7, N=4, N_kv=2, D=128, bf16) with `changes` applied."""
     kwargs = dict(
-        query=rand(7, 4, 16), key=rand(7, 2, 16), value=rand(7, 2, 16), atten_mask=MASK,
+        query=rand(7, 4, 128), key=rand(7, 2, 128), value=rand(7, 2, 128), atten_mask=MASK,
         actual_seq_lengths=[3, 7], actual_seq_lengths_kv=[3, 7], num_heads=4,
         num_key_value_heads=2, scale=0.25, input_layout="TND", sparse_mode=3,
     )
     return lambda: emu.npu_fused_infer_attention_score(**{**kwargs, **changes})
+
+
+def fia_bsnd(dim=16, dtype=BF16):
+    """A valid BSND FIA call (B=1, S=7): the TND-only limits do not apply."""
+    q, kv = rand(1, 7, 4, dim, dtype=dtype), rand(1, 7, 2, dim, dtype=dtype)
+    return lambda: emu.npu_fused_infer_attention_score(
+        q, kv, kv, num_heads=4, num_key_value_heads=2, scale=dim**-0.5, input_layout="BSND"
+    )
+
+
+def many_seqs(batch):
+    """Cumulative lengths of `batch` one-token sequences, and q/k/v of that many tokens."""
+    return list(range(1, batch + 1)), rand(batch, 4, 128), rand(batch, 2, 128)
 
 
 def fa(**changes):
@@ -83,6 +85,17 @@ def update(lse=None, out=None, update_type=0):
 
 VALID_CALLS = {
     "fia": fia(), "fa": fa(), "rotary": rotary(), "gmm": gmm(), "update": update(),
+    "fia tnd head_dim 192": fia(query=rand(7, 4, 192), key=rand(7, 2, 192), value=rand(7, 2, 192)),
+    "fia bsnd float16 head_dim 64": fia_bsnd(64, torch.float16),
+    "fia 4096 sequences": (lambda lens, q, kv: fia(
+        query=q, key=kv, value=kv, actual_seq_lengths=lens, actual_seq_lengths_kv=lens))(
+        *many_seqs(4096)),
+    "fa 1024 sequences": (lambda lens, q, kv: fa(
+        query=q, key=kv, value=kv, actual_seq_qlen=lens, actual_seq_kvlen=lens))(
+        *many_seqs(1024)),
+    "gmm float32 single tensors": gmm(x=[rand(3, 8, dtype=torch.float32)],
+                                      weight=[rand(8, 5, dtype=torch.float32)]),
+    "add_rms_norm 1-D": lambda: emu.npu_add_rms_norm(rand(8), rand(8), rand(8)),
     "rms_norm": lambda: emu.npu_rms_norm(rand(3, 8), rand(8)),
     "add_rms_norm": lambda: emu.npu_add_rms_norm(rand(3, 8), rand(3, 8), rand(8)),
     "swiglu": lambda: emu.npu_swiglu(rand(3, 8)),
@@ -104,7 +117,7 @@ REJECTIONS = [
     ("fia num_heads mismatch", fia(num_heads=2, num_key_value_heads=1), ValueError, "heads"),
     ("fia heads do not divide", fia(num_key_value_heads=3), ValueError, "not divisible"),
     ("fia GQA ratio > 64", fia(num_heads=130, num_key_value_heads=2), ValueError, "exceeds 64"),
-    ("fia key heads mismatch", fia(key=rand(7, 4, 16), value=rand(7, 4, 16)), ValueError,
+    ("fia key heads mismatch", fia(key=rand(7, 4, 128), value=rand(7, 4, 128)), ValueError,
      "'key' has 4 heads"),
     ("fia sparse 3 without mask", fia(atten_mask=None), ValueError, "needs atten_mask"),
     ("fia mask wrong shape", fia(atten_mask=MASK[:1024, :1024]), ValueError, "shape"),
@@ -114,15 +127,25 @@ REJECTIONS = [
     ("fia sparse mode not emulated", fia(sparse_mode=2), NotImplementedError, "sparse_mode=2"),
     ("fia sparse mode invalid", fia(sparse_mode=7), ValueError, "sparse_mode"),
     ("fia mask with sparse 0", fia(sparse_mode=0), NotImplementedError, "sparse_mode=0"),
-    ("fia float32", fia(query=rand(7, 4, 16, dtype=torch.float32)), TypeError, "dtype"),
-    ("fia mixed dtypes", fia(key=rand(7, 2, 16, dtype=torch.float16)), TypeError, "one dtype"),
-    ("fia non-contiguous", fia(query=rand(4, 7, 16).transpose(0, 1)), ValueError, "contiguous"),
-    ("fia head_dim not 16-aligned", fia(query=rand(7, 4, 24), key=rand(7, 2, 24),
-     value=rand(7, 2, 24)), ValueError, "multiple of 16"),
+    ("fia float32", fia(query=rand(7, 4, 128, dtype=torch.float32)), TypeError, "dtype"),
+    ("fia mixed dtypes", fia(key=rand(7, 2, 128, dtype=torch.float16)), TypeError, "one dtype"),
+    ("fia non-contiguous", fia(query=rand(4, 7, 128).transpose(0, 1)), ValueError, "contiguous"),
+    ("fia tnd float16", fia(**{n: rand(7, h, 128, dtype=torch.float16) for n, h in
+     (("query", 4), ("key", 2), ("value", 2))}), TypeError, "TND' takes bfloat16 only"),
+    ("fia tnd head_dim 64", fia(query=rand(7, 4, 64), key=rand(7, 2, 64), value=rand(7, 2, 64)),
+     ValueError, "Q_D = K_D = V_D = 128"),
+    ("fia tnd head_dim 32", fia(query=rand(7, 4, 32), key=rand(7, 2, 32), value=rand(7, 2, 32)),
+     ValueError, "Q_D = K_D = V_D = 128"),
+    ("fia tnd 4097 sequences", (lambda lens, q, kv: fia(
+        query=q, key=kv, value=kv, actual_seq_lengths=lens, actual_seq_lengths_kv=lens))(
+        *many_seqs(4097)), ValueError, "at most 4096"),
+    ("fia head_dim not 16-aligned", lambda: emu.npu_fused_infer_attention_score(
+        rand(1, 7, 4, 24), rand(1, 7, 2, 24), rand(1, 7, 2, 24), num_heads=4,
+        num_key_value_heads=2, scale=0.2, input_layout="BSND"), ValueError, "multiple of 16"),
     ("fia query row sees no key", fia(actual_seq_lengths_kv=[1, 7]), ValueError, "see no key"),
     ("fia paged KV not emulated", fia(block_table=torch.zeros(2, 1, dtype=torch.int32)),
      NotImplementedError, "block_table"),
-    ("fia off the CPU", fia(query=torch.empty(7, 4, 16, dtype=BF16, device="meta")), ValueError,
+    ("fia off the CPU", fia(query=torch.empty(7, 4, 128, dtype=BF16, device="meta")), ValueError,
      "CPU"),
     # npu_fusion_attention
     ("fa sparse 3 without mask", fa(atten_mask=None), ValueError, "needs atten_mask"),
@@ -139,6 +162,9 @@ REJECTIONS = [
     ("fa scale left at 1.0", fa(scale=1.0), ValueError, "scale"),
     ("fa softmax_layout without TND", fa(softmax_layout="BSND"), ValueError, "softmax_layout"),
     ("fa uint8 mask wrong shape", fa(atten_mask=MASK.to(torch.uint8)[None]), ValueError, "shape"),
+    ("fa tnd 1025 sequences", (lambda lens, q, kv: fa(
+        query=q, key=kv, value=kv, actual_seq_qlen=lens, actual_seq_kvlen=lens))(
+        *many_seqs(1025)), ValueError, "at most 1024"),
     # npu_rotary_mul
     ("rotary 3-D input", rotary(self=rand(5, 2, 8)), ValueError, "4 dimensions"),
     ("rotary mode", rotary(rotary_mode="full"), ValueError, "rotary_mode"),
@@ -161,6 +187,9 @@ REJECTIONS = [
      ValueError, "one shape"),
     ("swiglu odd size", lambda: emu.npu_swiglu(rand(3, 7)), ValueError, "even"),
     ("swiglu dim out of range", lambda: emu.npu_swiglu(rand(3, 8), dim=2), ValueError, "dim"),
+    ("swiglu non-contiguous", lambda: emu.npu_swiglu(rand(8, 3).t()), ValueError, "contiguous"),
+    ("add_rms_norm 9-D", lambda: emu.npu_add_rms_norm(rand(*[1] * 8, 8), rand(*[1] * 8, 8),
+     rand(8)), ValueError, "1 or 2 or 3"),
     # npu_grouped_matmul
     ("gmm bare tensor x", gmm(x=rand(3, 8), weight=[rand(8, 5)]), TypeError, "list"),
     ("gmm F.linear weight layout", gmm(weight=[rand(5, 8), rand(6, 8)]), ValueError,
@@ -169,6 +198,9 @@ REJECTIONS = [
     ("gmm split_item for -1", gmm(split_item=2), ValueError, "split_item"),
     ("gmm List overload", gmm(group_list=[3, 5], group_type=None), NotImplementedError, "List"),
     ("gmm bf16 bias must be fp32", gmm(bias=[rand(5), rand(6)]), TypeError, "bias"),
+    ("gmm float32 with three x/weight", gmm(x=[rand(3, 8, dtype=torch.float32)] * 3,
+     weight=[rand(8, n, dtype=torch.float32) for n in (4, 2, 2)]), TypeError,
+     "single x, weight and y"),
     ("gmm activation", gmm(act_type=1), NotImplementedError, "act_type"),
     ("gmm quantisation", gmm(scale=[torch.ones(5)]), NotImplementedError, "scale"),
     ("gmm group_list sum", gmm(x=[rand(5, 8)], weight=[rand(2, 8, 4)], group_type=0,
@@ -308,62 +340,3 @@ def test_install_and_uninstall_restore_sys_modules():
         sys.modules.pop("torch_npu", None)
         if saved is not None:
             sys.modules["torch_npu"] = saved
-
-
-SNIPPET = """\
-custom:
-- func: npu_swiglu(Tensor self, int dim=-1) -> Tensor
-  impl_ns: op_api
-- func: npu_other(Tensor self, Reduction r=Mean) -> Tensor
-- func: npu_gmm(Tensor[] x, Tensor[] weight, *, Tensor[]? bias=None, int? split_item=0) -> Tensor[]
-- func: npu_gmm.List(Tensor[] x, *, int[]? group_list=None, str mode="BSH") -> Tensor[]
-symint:
-- func: npu_swiglu(Tensor self, int dim=-1) -> Tensor
-"""
-
-
-def test_extractor_parses_schemas_from_a_yaml_snippet():
-    found = extractor.collect_schemas(SNIPPET, operators=("npu_swiglu", "npu_gmm"))
-    assert [s["sections"] for s in found["npu_swiglu"]] == [["custom", "symint"]]
-    swiglu_dim = found["npu_swiglu"][0]["arguments"][1]
-    assert swiglu_dim == {"name": "dim", "type": "int", "optional": False, "has_default": True,
-                          "default": -1, "keyword_only": False}
-    base, listed = found["npu_gmm"]
-    assert (base["overload"], listed["overload"]) == ("", "List")
-    assert [a["keyword_only"] for a in base["arguments"]] == [False, False, True, True]
-    assert base["arguments"][2]["optional"] and base["arguments"][2]["default"] is None
-    assert listed["arguments"][2]["default"] == "BSH" and base["returns"] == "Tensor[]"
-    with pytest.raises(ValueError, match="missing"):
-        extractor.collect_schemas(SNIPPET, operators=("npu_absent",))
-
-
-def test_extractor_writes_json_from_a_wheel(tmp_path):
-    wheel = tmp_path / "torch_npu-9.9.9-cp311-cp311-linux_x86_64.whl"
-    operators = {name: f"{name}(Tensor self, float eps=1e-06) -> Tensor"
-                 for name in extractor.OPERATORS}
-    yaml_text = "custom:\n" + "".join(f"- func: {f}\n" for f in operators.values())
-    with zipfile.ZipFile(wheel, "w") as archive:
-        archive.writestr(extractor.YAML_PATH, yaml_text)
-        archive.writestr("torch_npu-9.9.9.dist-info/METADATA", "Name: torch-npu\nVersion: 9.9.9\n")
-    output = tmp_path / "schemas.json"
-    assert extractor.main([str(wheel), "--output", str(output)]) == 0
-    document = json.loads(output.read_text())
-    assert document["torch_npu_version"] == "9.9.9" and document["source_wheel"] == wheel.name
-    assert document["operators"]["npu_linear"][0]["arguments"][1]["default"] == 1e-06
-
-
-def test_committed_schemas_come_from_torch_npu_2_14_and_cover_every_operator():
-    document = _schema.schema_document()
-    assert document["torch_npu_version"] == "2.14.0"
-    assert document["source_wheel"] == WHEEL.name
-    assert set(document["operators"]) == set(extractor.OPERATORS) == set(emu.OPERATORS)
-    if WHEEL.exists():
-        assert extractor.extract(WHEEL) == document
-    for schemas in document["operators"].values():
-        for schema in schemas:
-            reparsed = extractor.parse_schema(schema["schema"])
-            assert reparsed["arguments"] == schema["arguments"]
-    fia_args = {a["name"]: a for a in document["operators"]["npu_fused_infer_attention_score"][0][
-        "arguments"]}
-    assert fia_args["actual_seq_lengths"]["type"] == "SymInt[]?"
-    assert fia_args["scale"]["default"] == 1.0 and fia_args["scale"]["keyword_only"]

@@ -32,6 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "make-tiny-model": make_tiny_model,
         "doctor": doctor,
         "selfcheck": selfcheck,
+        "build-ops": build_ops,
     }
     if not argv or argv[0] not in commands:
         wants_help = bool(argv) and argv[0] in ("-h", "--help")
@@ -51,7 +52,10 @@ def _usage(commands) -> str:
         "  selfcheck [--model DIR] [--json] [--quick] [--parts ops,model,bench,doctor]\n"
         "            [--workdir DIR] [--emulate]\n"
         "                                 verify every fused operator and the model on an\n"
-        "                                 Ascend NPU (exit 2 without one)"
+        "                                 Ascend NPU (exit 2 without one)\n"
+        "  build-ops [--install-path DIR] [--soc SOC] [--binding-only|--package-only] [--dry-run]\n"
+        "                                 build and install our CANN operator package and its\n"
+        "                                 torch binding (Ascend: CANN sourced, torch_npu)"
     )
 
 
@@ -161,6 +165,12 @@ def doctor(args: Sequence[str]) -> int:
     from vllm_npu_ext import doctor as doctor_module
 
     return doctor_module.main(list(args))
+
+
+def build_ops(args: Sequence[str]) -> int:
+    from vllm_npu_ext.cann_ops import build_ops as build_ops_module
+
+    return build_ops_module.main(list(args))
 
 
 def selfcheck(args: Sequence[str]) -> int:

@@ -1,10 +1,12 @@
 """`vllm-npu-ext doctor [--json]`: what a vLLM process on this machine would run with.
 
-The report: versions, whether an NPU is usable, where our custom op package is, the
-effective `ASCEND_CUSTOM_OPP_PATH` and `LD_LIBRARY_PATH` after the bootstrap (and after
-vllm-ascend's own prepend of its vendor directory, which its platform does in every process),
-the operators of ours that an earlier entry shadows, and every switch. It exits 1 when
-something is shadowed or broken; each problem names its fix.
+The report: versions (and, on an Ascend machine, whether they are the set vllm-npu-ext runs
+on: `ascend_stack`), whether an NPU is usable, whether the torch binding of our operator is
+built and loads, where our custom op package is, the effective `ASCEND_CUSTOM_OPP_PATH` and
+`LD_LIBRARY_PATH` after the bootstrap (and after vllm-ascend's own prepend of its vendor
+directory, which its platform does in every process), the operators of ours that an earlier
+entry shadows, and every switch. It exits 1 when something is shadowed or broken; each
+problem names its fix.
 
 Like every vLLM process, the doctor applies the bootstrap to its own environment first
 (unless VLLM_NPU_EXT_BOOTSTRAP=0), before anything imports torch_npu.
@@ -26,7 +28,7 @@ from collections.abc import Sequence
 from importlib import metadata
 from typing import Any
 
-from vllm_npu_ext import __version__, bootstrap, envs
+from vllm_npu_ext import __version__, ascend_stack, bootstrap, envs
 from vllm_npu_ext.cann_ops import default_vendor_dir
 
 OPS_INFO_GLOB = os.path.join("op_impl", "ai_core", "tbe", "config", "*", "aic-*-ops-info.json")
@@ -233,9 +235,12 @@ def collect() -> dict[str, Any]:
     changes = bootstrap.apply(log=False)
     ours = bootstrap.our_package()
     theirs = bootstrap.vllm_ascend_vendor_dir()
+    found = versions()
     report: dict[str, Any] = {
-        "versions": versions(),
+        "versions": found,
+        "ascend_stack": ascend_stack.stack_report(found, problems),
         "npu_usable": _npu_usable(problems),
+        "binding": ascend_stack.binding_report(),
         "custom_op_package": _package(ours, problems),
         "vllm_ascend_vendor_dir": theirs,
         "bootstrap": {"enabled": enabled, "changes": changes, "dropped_entries": dropped},
@@ -246,6 +251,8 @@ def collect() -> dict[str, Any]:
     if ours is not None and ours.usable:
         report["shadowed_ops"] = shadowed_ops(report["ascend_custom_opp_path"], ours.vendor_dir)
         _ordering_problems(report, problems)
+    kernel = envs.get(ATTENTION_UPDATE_KERNEL).strip()
+    ascend_stack.binding_problems(report["binding"], kernel, problems)
     report["problems"] = problems
     return report
 
@@ -264,7 +271,9 @@ def format_report(report: dict[str, Any]) -> str:
         package_line = f"{package['vendor_dir']} (from {package['source']}); ops: {ops}"
     lines = [
         f"versions: {versions_line}",
+        _stack_line(report["ascend_stack"]),
         f"NPU usable: {'yes' if report['npu_usable'] else 'no'}",
+        ascend_stack.binding_line(report["binding"]),
         f"custom op package: {package_line}",
         f"vllm-ascend vendor dir: {report['vllm_ascend_vendor_dir'] or '-'}",
         f"bootstrap: {'on' if report['bootstrap']['enabled'] else f'off ({bootstrap.SWITCH}=0)'}",
@@ -281,6 +290,15 @@ def format_report(report: dict[str, Any]) -> str:
     lines.append(f"problems: {len(problems) or 'none'}")
     lines.extend(f"  - {problem}" for problem in problems)
     return "\n".join(lines)
+
+
+def _stack_line(stack: dict[str, Any]) -> str:
+    if not stack["checked"]:
+        return "version set: not checked (no vllm-ascend or torch-npu: not an Ascend install)"
+    if stack["mismatched"]:
+        return "version set: MISMATCH: " + ", ".join(stack["mismatched"])
+    cann = f"CANN {stack['cann']}" if stack["cann"] else "CANN version not readable"
+    return f"version set: ok (vLLM 0.23, vllm-ascend 0.23, torch 2.10, torch-npu 2.10, {cann})"
 
 
 def _path_lines(report: dict[str, Any], key: str, variable: str) -> list[str]:

@@ -13,7 +13,7 @@ import os
 # Fusion name -> (fused NPU operator, unfused equivalent). Order is the README table's.
 FUSIONS: dict[str, tuple[str, str]] = {
     "attention": (
-        "npu_fused_infer_attention_score (TND, sparse_mode=3, native GQA)",
+        "npu_fused_infer_attention_score or npu_fusion_attention (TND, sparse_mode=3, GQA)",
         "per-sequence matmul + softmax, K/V repeated per query group",
     ),
     "rms_norm": ("npu_rms_norm (also the per-head q/k norms)", "float32 pow/mean/rsqrt/mul"),
@@ -58,12 +58,18 @@ VARIABLES: dict[str, tuple[str, str]] = {
     },
     ATTENTION_OP: (
         "fused_infer_attention_score",
-        "fused attention operator: fused_infer_attention_score or fusion_attention",
+        "fused attention operator: fused_infer_attention_score or fusion_attention (the other "
+        "one where the chosen one does not take the model's dtype or head_dim)",
     ),
     "VLLM_NPU_EXT_ATTENTION_UPDATE_KERNEL": (
         "auto",
         "context-parallel merge kernel on NPU: auto (our custom op when loaded, else "
         "torch_npu.npu_attention_update), custom, or list",
+    ),
+    "VLLM_NPU_EXT_ATTENTION_UPDATE_CONTIGUOUS": (
+        "0",
+        "1: copy the CP merge's strided lse/out views into contiguous tensors before "
+        "torch_npu.npu_attention_update (the list kernel); 0: pass the views, as vllm-ascend does",
     ),
     "VLLM_NPU_EXT_CP_PATCH": ("1", "0: leave vllm-ascend's context-parallel decode merge as is"),
     "VLLM_NPU_EXT_BOOTSTRAP": ("1", "0: do not reorder ASCEND_CUSTOM_OPP_PATH/LD_LIBRARY_PATH"),

@@ -4,6 +4,23 @@ Implemented: layouts TND, BSH, BSND, BNSD (FA also SBH); sparse_mode 0 without a
 attention) and sparse_mode 3 (right-down causal) with the compressed 2048x2048 mask; native
 GQA. Everything else the real operators offer (quantisation, paged KV, padding, prefixes,
 other sparse modes, dropout) raises NotImplementedError rather than computing something else.
+
+Documented limits of the TND (varlen) layout, from torch-npu 2.10.0.post4's
+`torch_npu/_op_plugin_docs.py` (W:line) and op-plugin's FIA doc
+(`docs/zh/custom_APIs/torch_npu/torch_npu-npu_fused_infer_attention_score.md`, OPm:line):
+
+- FIA: bfloat16 only (W:8153, W:8689); Q_D = K_D = V_D = 128, or Q_D = K_D = 192 with
+  V_D 128/192 (W:8686, OPm:388); K_N == V_N with Q_N a multiple, ratio <= 64 (W:8687);
+  at most 4096 sequences (W:8694, OPm:377); T <= 1M (W:8674). W:8674-8694 document
+  npu_fused_infer_attention_score_v2; FIA's own passage W:8149-8156 (Q_D = K_D = 192 only,
+  Q_N == K_N, T <= 65536) is not applied: op-plugin's newer FIA doc drops it (OPm:377-388),
+  and vllm-ascend 0.23 calls FIA in TND with D = 128 and GQA on every Qwen3 prefill
+  (attention/attention_v1.py:1336-1357), tested on Atlas A2
+  (tests/ut/attention/a2/test_attention_v1_precision.py:236, :350-378).
+  Its "actual_seq_lengths < actual_seq_lengths_kv" for sparse_mode 3 (W:8155, W:8690) is
+  not applied either: vllm-ascend passes equal lengths (attention_v1.py:1194-1197).
+- FA: at most 1024 sequences ("varlen场景下长度最大支持1K", W:1657; B 1~2K, W:1643),
+  T <= 1M (W:1647).
 """
 
 from __future__ import annotations
@@ -43,6 +60,11 @@ FIA_SPARSE_MODES = (0, 1, 2, 3, 4, 9)
 FA_SPARSE_MODES = (0, 1, 2, 3, 4, 5, 6, 7, 8)
 MAX_GQA_RATIO = 64
 MASK_SIDE = 2048
+FIA_TND_DTYPES = (torch.bfloat16,)
+FIA_TND_VALUE_DIMS = {128: (128,), 192: (128, 192)}  # Q_D = K_D -> the V_D it allows
+FIA_TND_MAX_BATCH = 4096
+FA_TND_MAX_BATCH = 1024
+TND_MAX_TOKENS = 1 << 20
 FIA_HANDLED = {
     "query", "key", "value", "atten_mask", "actual_seq_lengths", "actual_seq_lengths_kv",
     "num_heads", "scale", "pre_tokens", "next_tokens", "input_layout", "num_key_value_heads",
@@ -115,9 +137,10 @@ def npu_fused_infer_attention_score(call: BoundCall) -> tuple[torch.Tensor, torc
     """FIA, as torch_npu documents it: softmax(scale * q k^T + mask) v.
 
     TND: query `[T, N, D]`, key/value `[T_kv, N_kv, D]`, `actual_seq_lengths(_kv)` cumulative
-    Python int lists without a leading 0 (last == T). dtype float16/bfloat16 (float32 is not
-    accepted by the real operator). Returns (out like query, LSE float32 `[T, N, 1]` when
-    softmax_lse_flag, else a float32 `[1]` zero).
+    Python int lists without a leading 0 (last == T); bfloat16 with D 128 or 192 only (module
+    docstring). Other layouts: float16/bfloat16 (float32 is not accepted by the real
+    operator). Returns (out like query, LSE float32 `[T, N, 1]` when softmax_lse_flag, else
+    a float32 `[1]` zero).
     """
     call.require_defaults(FIA_HANDLED)
     _require_layout(FIA, call.input_layout, FIA_LAYOUTS, FIA_OTHER_LAYOUTS)
@@ -134,6 +157,8 @@ def npu_fused_infer_attention_score(call: BoundCall) -> tuple[torch.Tensor, torc
         ("actual_seq_lengths", "actual_seq_lengths_kv"),
     )
     _require_head_counts(FIA, packed, heads, names)
+    if call.input_layout == "TND":
+        _require_fia_tnd_domain(packed)
     _require_fia_sizes(packed)
     require_real_scale(FIA, "scale", call.scale, packed.query.shape[-1])
     causal = _causal(
@@ -164,6 +189,37 @@ def _require_fia_sizes(packed: Packed) -> None:
         )
 
 
+def _require_fia_tnd_domain(packed: Packed) -> None:
+    """The TND limits in the module docstring: bf16, D 128 (or 192), <= 4096 sequences."""
+    query, value = packed.query, packed.value
+    if query.dtype not in FIA_TND_DTYPES:
+        raise TypeError(
+            f"{FIA}: input_layout 'TND' takes bfloat16 only (torch-npu 2.10.0.post4 docs), got "
+            f"query dtype {query.dtype}; use npu_fusion_attention for other dtypes"
+        )
+    head_dim, value_dim = query.shape[-1], value.shape[-1]
+    if value_dim not in FIA_TND_VALUE_DIMS.get(head_dim, ()):
+        raise ValueError(
+            f"{FIA}: input_layout 'TND' needs Q_D = K_D = V_D = 128, or Q_D = K_D = 192 with "
+            f"V_D 128/192; got Q_D {head_dim}, V_D {value_dim}"
+        )
+    _require_tnd_size(FIA, packed, FIA_TND_MAX_BATCH, "actual_seq_lengths")
+
+
+def _require_tnd_size(op: str, packed: Packed, max_batch: int, name: str) -> None:
+    """At most `max_batch` sequences and TND_MAX_TOKENS tokens in one TND call."""
+    if packed.batch > max_batch:
+        raise ValueError(
+            f"{op}: argument {name!r} has {packed.batch} sequences; the operator takes at most "
+            f"{max_batch} in input_layout 'TND'"
+        )
+    if max(packed.query.shape[0], packed.key.shape[0]) > TND_MAX_TOKENS:
+        raise ValueError(
+            f"{op}: input_layout 'TND' takes at most {TND_MAX_TOKENS} tokens (T), got "
+            f"{packed.query.shape[0]} query and {packed.key.shape[0]} key tokens"
+        )
+
+
 @emulated_operator(FA)
 def npu_fusion_attention(call: BoundCall) -> tuple:
     """FA, as torch_npu documents it: softmax(mask(scale * q k^T)) v, without dropout.
@@ -189,6 +245,8 @@ def npu_fusion_attention(call: BoundCall) -> tuple:
         (call.actual_seq_qlen, call.actual_seq_kvlen), ("actual_seq_qlen", "actual_seq_kvlen"),
     )
     _require_head_counts(FA, packed, heads, names)
+    if layout == "TND":
+        _require_tnd_size(FA, packed, FA_TND_MAX_BATCH, "actual_seq_qlen")
     head_dim = packed.query.shape[-1]
     if not 1 <= head_dim <= 768 or packed.key.shape[-1] != head_dim:
         raise ValueError(f"{FA}: query and key head_dim must match and lie in 1..768")

@@ -1,4 +1,11 @@
-"""Emulated `npu_grouped_matmul` (non-quantised) and `npu_linear` (float32 accumulation)."""
+"""Emulated `npu_grouped_matmul` (non-quantised) and `npu_linear` (float32 accumulation).
+
+npu_grouped_matmul takes float32 only with a single x, weight and y tensor: the non-quantised
+column of its Tensor group_list table reads "torch.float32(仅x/weight/y均为单张量)"
+(torch-npu 2.10.0.post4 `_op_plugin_docs.py`:5904), and aclnnGroupedMatmulV4's doc says the
+same ("仅x、weight、y都为单tensor场景支持"). With several x/weight tensors (one y each) a float32
+call is rejected with TypeError, like any other dtype the operator does not take.
+"""
 
 from __future__ import annotations
 
@@ -38,6 +45,11 @@ def _require_gmm_inputs(call: BoundCall) -> None:
         if not 1 <= len(tensors) <= MAX_LIST_LENGTH:
             raise ValueError(f"{GROUPED_MATMUL}: argument {name!r} must hold 1..128 tensors")
     require_dtype(GROUPED_MATMUL, "x[0]", x[0], FLOAT_TYPES)
+    if x[0].dtype == torch.float32 and (len(x) > 1 or len(weight) > 1):
+        raise TypeError(
+            f"{GROUPED_MATMUL}: float32 is supported only with a single x, weight and y tensor "
+            f"(torch-npu docs); got {len(x)} x and {len(weight)} weight tensors"
+        )
     named_x = {f"x[{i}]": t for i, t in enumerate(x)}
     named_weight = {f"weight[{i}]": t for i, t in enumerate(weight)}
     require_same_dtype(GROUPED_MATMUL, {**named_x, **named_weight})

@@ -1,4 +1,10 @@
-"""Emulated `npu_rms_norm` and `npu_add_rms_norm` (float32 math, output in the input dtype)."""
+"""Emulated `npu_rms_norm` and `npu_add_rms_norm` (float32 math, output in the input dtype).
+
+Input ranks: npu_rms_norm takes 2-8 dimensions ("输入shape支持2-8维", torch-npu 2.10.0.post4
+`_op_plugin_docs.py`:3410); npu_add_rms_norm 1-8 ("支持1-8维张量", op-plugin
+`docs/zh/custom_APIs/torch_npu/torch_npu-npu_add_rms_norm.md`:33-35; the wheel's docs have
+no entry for it).
+"""
 
 from __future__ import annotations
 
@@ -10,11 +16,12 @@ from ._schema import BoundCall
 
 RMS_NORM = "npu_rms_norm"
 ADD_RMS_NORM = "npu_add_rms_norm"
+INPUT_RANKS = {RMS_NORM: range(2, 9), ADD_RMS_NORM: range(1, 9)}
 
 
 def _require_norm_inputs(op: str, x_name: str, x: torch.Tensor, gamma: torch.Tensor) -> None:
-    """x: 2-8 dims, float16/bfloat16/float32; gamma: x's dtype and x's trailing shape."""
-    require_ndim(op, x_name, x, range(2, 9))
+    """x: INPUT_RANKS[op] dims, float16/bfloat16/float32; gamma: x's dtype and trailing shape."""
+    require_ndim(op, x_name, x, INPUT_RANKS[op])
     require_dtype(op, x_name, x, FLOAT_TYPES)
     require_same_dtype(op, {x_name: x, "gamma": gamma})
     if gamma.dim() == 0 or gamma.dim() > x.dim() or gamma.shape != x.shape[x.dim() - gamma.dim():]:

@@ -1,11 +1,16 @@
-"""Emulated `npu_rotary_mul` and `npu_swiglu` (float32 math, output in the input dtype)."""
+"""Emulated `npu_rotary_mul` and `npu_swiglu` (float32 math, output in the input dtype).
+
+npu_swiglu rejects non-contiguous input: "不支持非连续的Tensor" (op-plugin
+`docs/zh/custom_APIs/torch_npu/（beta）torch_npu-npu_swiglu.md`:28; the wheel's docs,
+`_op_plugin_docs.py`:4366, say nothing on contiguity).
+"""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from ._checks import FLOAT_TYPES, require_choice, require_dtype, require_ndim
+from ._checks import FLOAT_TYPES, require_choice, require_contiguous, require_dtype, require_ndim
 from ._runtime import emulated_operator
 from ._schema import BoundCall
 
@@ -76,6 +81,7 @@ def npu_swiglu(call: BoundCall) -> torch.Tensor:
     x, dim = call.arguments["self"], call.dim
     require_ndim(SWIGLU, "self", x, range(1, 9))
     require_dtype(SWIGLU, "self", x, FLOAT_TYPES)
+    require_contiguous(SWIGLU, {"self": x})
     if not -x.dim() <= dim < x.dim():
         raise ValueError(f"{SWIGLU}: argument 'dim' {dim} is out of range for {x.dim()}-D input")
     if x.shape[dim] % 2:

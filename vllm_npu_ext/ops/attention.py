@@ -1,13 +1,31 @@
 """Causal attention over packed variable-length sequences (TND), with native GQA.
 
-The fused path is `npu_fused_infer_attention_score` (or, by switch, `npu_fusion_attention`)
-in TND layout: no padding, K/V never repeated per query group (the operator takes
-`num_key_value_heads`), the causal mask in the operator's compressed 2048x2048 form built once
-per device. The reference computes each sequence on its own.
+The fused path is `npu_fused_infer_attention_score` (FIA) or `npu_fusion_attention` (FA) in
+TND layout: no padding, K/V never repeated per query group (the operators take the kv head
+count), the causal mask in the operators' compressed 2048x2048 form built once per device.
+The reference computes each sequence on its own.
+
+Which operator takes which shapes in TND (`choose_operator`), from torch-npu 2.10.0.post4's
+`torch_npu/_op_plugin_docs.py` (W:line), op-plugin's FIA doc (OPm:line) and vllm-ascend
+0.23.0.post1's own calls (README "Attention on Ascend: FIA or FA"):
+
+- FIA: bfloat16 only (W:8153, W:8689); head_dim 128 or 192 (W:8686, OPm:388); q heads a
+  multiple of kv heads, ratio <= 64 (W:8687); at most 4096 sequences (W:8694, OPm:377).
+  W:8674-8694 is the passage of npu_fused_infer_attention_score_v2; FIA's own older passage
+  (W:8149-8156: head_dim 192 only, equal head counts) is contradicted by op-plugin's newer
+  FIA doc and by vllm-ascend's hardware-tested calls, so it is not followed.
+  vllm-ascend calls exactly this (TND, GQA, head_dim 128, bf16, sparse_mode 3 with equal q/kv
+  lengths) on every Qwen3 prefill (attention/attention_v1.py:1336-1357).
+- FA: float16, bfloat16, float32 (W:1566-1568); head_dim 1..768 (W:1644); q heads 1..256, a
+  multiple of kv heads (W:1649); at most 1024 sequences in TND (W:1657).
+- both: T <= 1M tokens (W:1647, W:8674).
+
+The torch_npu emulator encodes the same limits on its own, from the same documents.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 from types import ModuleType
@@ -20,18 +38,67 @@ from vllm_npu_ext.ops.packed import PackedSeqs
 COMPRESSED_MASK_SIZE = 2048
 SPARSE_MODE_NONE = 0
 SPARSE_MODE_CAUSAL = 3
-OPERATORS = ("fused_infer_attention_score", "fusion_attention")
-# npu_fused_infer_attention_score takes float16/bfloat16 (and int8) queries only.
-FUSED_INFER_DTYPES = (torch.float16, torch.bfloat16)
+FUSED_INFER = "fused_infer_attention_score"
+FUSION = "fusion_attention"
+OPERATORS = (FUSED_INFER, FUSION)
+FUSED_INFER_TND_DTYPES = (torch.bfloat16,)
+FUSED_INFER_TND_HEAD_DIMS = (128, 192)
+FUSION_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+FUSION_MAX_HEAD_DIM = 768
+MAX_HEADS = 256
+MAX_GQA_RATIO = 64
+MAX_SEQS = {FUSED_INFER: 4096, FUSION: 1024}
+MAX_TOKENS = 1 << 20
 
 
-def operator_for_dtype(operator: str, dtype: torch.dtype) -> str:
-    """`operator`, or npu_fusion_attention where the fused-infer kernel lacks the dtype."""
+@dataclasses.dataclass(frozen=True)
+class OperatorChoice:
+    """The fused operator for one attention shape: `operator` is None when neither takes it
+    (the unfused path); `reason` says why it is not the requested one ("" when it is)."""
+
+    operator: str | None
+    reason: str = ""
+
+
+def unsupported_reason(
+    operator: str, dtype: torch.dtype, head_dim: int, num_heads: int, num_kv_heads: int
+) -> str | None:
+    """Why `operator` cannot take TND attention of this dtype and shape; None when it can."""
     if operator not in OPERATORS:
         raise ValueError(f"operator must be one of {OPERATORS}, got {operator!r}")
-    if operator == "fused_infer_attention_score" and dtype not in FUSED_INFER_DTYPES:
-        return "fusion_attention"
-    return operator
+    if num_kv_heads < 1 or num_heads % num_kv_heads:
+        return f"needs q heads ({num_heads}) to be a multiple of kv heads ({num_kv_heads})"
+    if num_heads > MAX_HEADS:
+        return f"takes at most {MAX_HEADS} q heads, got {num_heads}"
+    if operator == FUSION:
+        if dtype not in FUSION_DTYPES:
+            return f"does not take {dtype}"
+        if not 1 <= head_dim <= FUSION_MAX_HEAD_DIM:
+            return f"takes head_dim 1..{FUSION_MAX_HEAD_DIM}, got {head_dim}"
+        return None
+    if dtype not in FUSED_INFER_TND_DTYPES:
+        return f"takes bfloat16 only in TND layout, got {dtype}"
+    if head_dim not in FUSED_INFER_TND_HEAD_DIMS:
+        return f"takes head_dim 128 or 192 only in TND layout, got {head_dim}"
+    if num_heads // num_kv_heads > MAX_GQA_RATIO:
+        return f"takes a q/kv head ratio of at most {MAX_GQA_RATIO}"
+    return None
+
+
+def choose_operator(
+    requested: str, dtype: torch.dtype, head_dim: int, num_heads: int, num_kv_heads: int
+) -> OperatorChoice:
+    """`requested`, else the other fused operator, else None, for TND attention of this shape.
+
+    dtype: q/k/v's; head_dim: D; num_heads / num_kv_heads: q and k/v heads (per rank).
+    """
+    reasons = []
+    for operator in (requested, *(op for op in OPERATORS if op != requested)):
+        reason = unsupported_reason(operator, dtype, head_dim, num_heads, num_kv_heads)
+        if reason is None:
+            return OperatorChoice(operator, "; ".join(reasons))
+        reasons.append(f"npu_{operator} {reason}")
+    return OperatorChoice(None, "; ".join(reasons))
 
 
 @functools.cache
@@ -49,22 +116,35 @@ def varlen_attention(
     scale: float,
     causal: bool = True,
     npu: ModuleType | None = None,
-    operator: str = "fused_infer_attention_score",
+    operator: str = FUSED_INFER,
 ) -> torch.Tensor:
     """Attention within each packed sequence.
 
     q `[T, Nq, D]`, k and v `[T, Nkv, D]` with Nq a multiple of Nkv (GQA), `seqs` covering
-    exactly T tokens, `scale` usually `D**-0.5` -> `[T, Nq, D]` in q's dtype.
+    exactly T tokens, `scale` usually `D**-0.5` -> `[T, Nq, D]` in q's dtype. With `npu`,
+    `operator` must take these shapes (`choose_operator`; ValueError otherwise); batches
+    beyond its sequence limit run as several calls.
     """
     _check_shapes(q, k, v, seqs)
     if npu is None:
         return varlen_attention_native(q, k, v, seqs, scale, causal)
-    if operator not in OPERATORS:
-        raise ValueError(f"operator must be one of {OPERATORS}, got {operator!r}")
+    problem = unsupported_reason(operator, q.dtype, q.shape[2], q.shape[1], k.shape[1])
+    if problem is not None:
+        raise ValueError(f"operator: npu_{operator} {problem} (see choose_operator)")
+    outputs = []
+    for start, chunk in seqs.chunks(MAX_SEQS[operator], MAX_TOKENS):
+        rows = slice(start, start + chunk.num_tokens)
+        outputs.append(_fused_attention(npu, operator, q[rows], k[rows], v[rows], chunk, scale,
+                                        causal))  # fmt: skip
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+
+
+def _fused_attention(npu, operator, q, k, v, seqs: PackedSeqs, scale: float, causal: bool):
+    """One fused operator call on a batch within the operator's limits."""
     mask = compressed_causal_mask(q.device) if causal else None
     sparse_mode = SPARSE_MODE_CAUSAL if causal else SPARSE_MODE_NONE
     lengths = seqs.actual_seq_lengths
-    if operator == "fusion_attention":
+    if operator == FUSION:
         return npu.npu_fusion_attention(
             q, k, v, q.shape[1], "TND",
             atten_mask=mask, scale=scale, sparse_mode=sparse_mode,

@@ -17,6 +17,14 @@ PyTorch reference. On the NPU the work goes to one of two kernels, chosen by
 - `list`: `torch_npu.npu_attention_update`, which takes TensorLists, so the tensors are
   unbound into per-shard views first (the path vllm-ascend 0.23 uses);
 - `auto` (default): `custom` when a registered kernel is available, else `list`.
+
+The `list` path passes strided per-shard views (the CP buffer's rows have stride D + 1), as
+vllm-ascend 0.23 does (attention/context_parallel/common_cp.py:143-157). aclnnAttentionUpdate's
+table marks non-contiguous lse/localOut "x", but its L2 API makes each list item contiguous
+itself before the kernel (ops-transformer attention_update/op_host/op_api/
+aclnn_attention_update.cpp:390-401), so views are the default: no copy of our own.
+`VLLM_NPU_EXT_ATTENTION_UPDATE_CONTIGUOUS=1` copies them first, for a CANN where selfcheck's
+strided AttentionUpdate cases fail while the contiguous ones pass.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ MAX_ROWS = 2**31 - 1  # N: the kernel's int32 row index (op_host tiling, op_api)
 UPDATE_TYPES = (0, 1)
 OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 KERNEL_SWITCH = "VLLM_NPU_EXT_ATTENTION_UPDATE_KERNEL"
+CONTIGUOUS_SWITCH = "VLLM_NPU_EXT_ATTENTION_UPDATE_CONTIGUOUS"
 KERNEL_CHOICES = ("auto", "custom", "list")
 
 OP_NAMESPACE = "vllm_npu_ext"
@@ -193,6 +202,8 @@ def attention_update_npu(
     torch_npu = dispatch.npu_ops(lse)
     if torch_npu is None:
         raise RuntimeError("attention_update_npu needs tensors that take the NPU path")
+    if envs.flag(CONTIGUOUS_SWITCH):
+        lse, out = lse.contiguous(), out.contiguous()
     return torch_npu.npu_attention_update(list(lse.unbind(0)), list(out.unbind(0)), update_type)
 
 

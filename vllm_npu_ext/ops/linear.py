@@ -1,4 +1,9 @@
-"""Projections: `npu_linear`, `npu_grouped_matmul` and their references."""
+"""Projections: `npu_linear`, `npu_grouped_matmul` and their references.
+
+npu_grouped_matmul takes float32 only with a single x, weight and y tensor ("torch.float32
+(仅x/weight/y均为单张量)", torch-npu 2.10.0.post4 `_op_plugin_docs.py`:5904; aclnnGroupedMatmulV4
+says the same). q/k/v need three, so float32 models use the merged projection instead.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,14 @@ from types import ModuleType
 
 import torch
 import torch.nn.functional as F
+
+# Dtypes npu_grouped_matmul takes with several x/weight/y tensors (group_type -1).
+GROUPED_MULTI_TENSOR_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def grouped_linear_supports(dtype: torch.dtype, groups: int = 3) -> bool:
+    """Whether `grouped_linear` can run `groups` projections of `dtype` as one NPU operator."""
+    return groups == 1 or dtype in GROUPED_MULTI_TENSOR_DTYPES
 
 
 def linear(
@@ -31,9 +44,15 @@ def grouped_linear(
 
     x `[T, K]`, weights_kn[i] `[K, N_i]` (the transpose of F.linear's layout, prepared once
     after loading) -> `[x @ weights_kn[i] (+ biases[i])]`, each `[T, N_i]` and contiguous,
-    so q, k and v need no split.
+    so q, k and v need no split. On the NPU path float32 takes a single weight only
+    (`grouped_linear_supports`); ValueError otherwise.
     """
     if npu is not None:
+        if not grouped_linear_supports(x.dtype, len(weights_kn)):
+            raise ValueError(
+                f"x: npu_grouped_matmul takes {x.dtype} only with a single weight, got "
+                f"{len(weights_kn)}; use linear() on the merged weight"
+            )
         return list(
             npu.npu_grouped_matmul(
                 [x] * len(weights_kn),

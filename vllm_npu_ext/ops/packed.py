@@ -66,6 +66,35 @@ class PackedSeqs:
         """Cumulative lengths without the leading 0: the form torch_npu's TND operators take."""
         return list(self.cu_seqlens[1:])
 
+    def chunks(self, max_seqs: int, max_tokens: int) -> list[tuple[int, PackedSeqs]]:
+        """Consecutive groups of whole sequences within an operator's batch limits.
+
+        Returns `[(first_token, seqs)]`, each `seqs` holding at most `max_seqs` sequences and
+        `max_tokens` tokens, its boundaries relative to `first_token`; `[(0, self)]` when the
+        whole batch fits. ValueError when one sequence alone exceeds `max_tokens`.
+        """
+        if max_seqs < 1 or max_tokens < 1:
+            raise ValueError(f"max_seqs and max_tokens must be >= 1, got {max_seqs}, {max_tokens}")
+        if self.num_seqs <= max_seqs and self.num_tokens <= max_tokens:
+            return [(0, self)]
+        if self.max_seqlen > max_tokens:
+            raise ValueError(
+                f"a sequence of {self.max_seqlen} tokens exceeds the limit of {max_tokens}"
+            )
+        chunks: list[tuple[int, PackedSeqs]] = []
+        first = 0  # index into cu_seqlens of the current chunk's first sequence
+        cu_seqlens = self.cu_seqlens
+        for last in range(1, self.num_seqs + 1):
+            done = last == self.num_seqs
+            full = last - first == max_seqs
+            next_overflows = not done and cu_seqlens[last + 1] - cu_seqlens[first] > max_tokens
+            if done or full or next_overflows:
+                start = cu_seqlens[first]
+                cu = tuple(c - start for c in cu_seqlens[first : last + 1])
+                chunks.append((start, PackedSeqs(cu)))
+                first = last
+        return chunks
+
     def padded_to(self, num_tokens: int) -> PackedSeqs:
         """Cover `num_tokens` rows; padding rows beyond the last sequence form one more sequence.
 

@@ -59,10 +59,12 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
 
 def _run_model_part(target, args, plan, reporter) -> None:
     from vllm_npu_ext.selfcheck.model_check import check_model
+    from vllm_npu_ext.selfcheck.plan import TINY_MODELS
     from vllm_npu_ext.tiny_model import make_tiny_model
 
-    tiny = make_tiny_model(args.workdir / "tiny-qwen3")
-    runs = [("tiny", tiny, dtype) for dtype in plan.tiny_dtypes]
+    names = dict.fromkeys(name for name, _ in plan.tiny_runs)
+    dirs = {n: make_tiny_model(args.workdir / f"{n}-qwen3", **TINY_MODELS[n]) for n in names}
+    runs = [(name, dirs[name], dtype) for name, dtype in plan.tiny_runs]
     if args.model is not None:
         runs.append((args.model.name, args.model, args.model_dtype))
     for label, model_dir, dtype in runs:

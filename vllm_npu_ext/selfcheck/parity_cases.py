@@ -32,7 +32,6 @@ from vllm_npu_ext.selfcheck.parity import Parity, dtype_name
 
 EPS = 1e-6
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-HALF_DTYPES = (torch.float16, torch.bfloat16)
 MERGE_UPDATE_TYPE = 1  # both outputs (merged out and lse) are produced and compared
 ATTENTION_UPDATE_KERNELS = {"list": "npu_attention_update", "custom": "npu_ext_attention_update"}
 

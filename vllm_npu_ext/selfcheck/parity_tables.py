@@ -1,7 +1,10 @@
 """Which parity cases run where: the small unit grid and the Qwen3-Embedding layer shapes.
 
 - `UNIT_CASES`: dtypes x odd sizes x GQA ratios, small enough for the emulator tier and the
-  NPU tier to run all of them.
+  NPU tier to run all of them. Fused attention covers both sides of the documented FIA domain
+  (`ops.attention.choose_operator`): FIA where it takes the shapes (bfloat16, head_dim 128 or
+  192), FA at the small head dims and the dtypes FIA lacks. The CP merge runs on contiguous
+  lists and on the strided views the CP path passes, at the same sizes.
 - `qwen3_cases(...)`: every fused operator at the shapes Qwen3-Embedding 0.6B/4B/8B's layers
   use (few tokens, so the CPU reference stays cheap), for the NPU tier and selfcheck.
 - `bench_cases(...)`: the same layers at serving batch sizes, for micro-benchmarks.
@@ -15,9 +18,10 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from vllm_npu_ext.ops.attention import FUSED_INFER, FUSION, choose_operator
 from vllm_npu_ext.ops.attention import OPERATORS as ATTENTION_OPERATORS
-from vllm_npu_ext.ops.attention import operator_for_dtype
-from vllm_npu_ext.selfcheck.parity_cases import DTYPES, HALF_DTYPES, OpCase
+from vllm_npu_ext.ops.linear import grouped_linear_supports
+from vllm_npu_ext.selfcheck.parity_cases import DTYPES, OpCase
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +56,7 @@ def _grid(op: str, dtypes: Iterable[torch.dtype], sizes: Iterable[dict]) -> list
 
 
 SEQ_LEN_CASES = [(1,), (5, 17, 1), (64, 3, 33)]
+HEAD_COUNTS = [(4, 4), (4, 2), (8, 2)]
 UNIT_CASES: list[OpCase] = [
     *_grid("rms_norm", DTYPES, [{"shape": s} for s in [(1, 64), (7, 130), (33, 4, 32)]]),
     *_grid("rms_norm_strided", DTYPES, [{}]),
@@ -72,26 +77,29 @@ UNIT_CASES: list[OpCase] = [
     ),
     *_grid(
         "grouped_qkv",
-        DTYPES,
+        [dtype for dtype in DTYPES if grouped_linear_supports(dtype)],
         [
             {"tokens": t, "q_heads": q, "kv_heads": kv}
             for t, q, kv in [(1, 4, 4), (7, 4, 2), (33, 8, 2)]
         ],
     ),
-    *_grid(
+    *_grid(  # inside FIA's TND domain
         "attention",
-        HALF_DTYPES,
+        [torch.bfloat16],
         [
-            {"operator": "fused_infer_attention_score", "seq_lens": s, "q_heads": q, "kv_heads": kv}
-            for s, (q, kv) in itertools.product(SEQ_LEN_CASES, [(4, 4), (4, 2), (8, 2)])
+            {"operator": FUSED_INFER, "seq_lens": s, "q_heads": q, "kv_heads": kv, "head_dim": d}
+            for (s, (q, kv)), d in [
+                *((case, 128) for case in itertools.product(SEQ_LEN_CASES, HEAD_COUNTS)),
+                (((5, 17, 1), (4, 2)), 192),
+            ]
         ],
     ),
-    *_grid(
+    *_grid(  # outside it: where the model uses FA (small head dims, float16, float32)
         "attention",
         DTYPES,
         [
-            {"operator": "fusion_attention", "seq_lens": s, "q_heads": q, "kv_heads": kv}
-            for s, (q, kv) in itertools.product(SEQ_LEN_CASES, [(4, 4), (8, 2)])
+            {"operator": FUSION, "seq_lens": s, "q_heads": q, "kv_heads": kv, "head_dim": d}
+            for s, (q, kv), d in itertools.product(SEQ_LEN_CASES, [(4, 4), (8, 2)], (32, 64))
         ],
     ),
     *_grid(
@@ -148,11 +156,16 @@ def _layer_cases(model: str, shape: ModelShape, dtype: torch.dtype, tokens: int)
             },
         ),
     ]
+    if not grouped_linear_supports(dtype):  # float32: the model uses the merged qkv linear
+        sizes = [(op, size) for op, size in sizes if op != "grouped_qkv"]
     return [OpCase.of(op, dtype, models=[model], **size) for op, size in sizes]
 
 
 def _attention_cases(model, shape, dtype, seq_lens_sets) -> list[OpCase]:
-    operators = dict.fromkeys(operator_for_dtype(op, dtype) for op in ATTENTION_OPERATORS)
+    """Each attention operator the model may choose for this shape (either switch setting)."""
+    heads = (shape.head_dim, shape.heads, shape.kv_heads)
+    choices = [choose_operator(op, dtype, *heads).operator for op in ATTENTION_OPERATORS]
+    operators = [op for op in dict.fromkeys(choices) if op is not None]
     return [
         OpCase.of(
             "attention",

@@ -9,6 +9,10 @@ from vllm_npu_ext.selfcheck.parity_cases import OpCase
 
 KERNELS_WITHOUT_CUSTOM = ("list",)
 KERNELS_WITH_CUSTOM = ("list", "custom")
+# Tiny checkpoints of the model part: name -> overrides of the `tiny` preset. head_dim 32
+# runs fused attention through npu_fusion_attention; head_dim 128 in bfloat16 through
+# npu_fused_infer_attention_score, as Qwen3-Embedding does (ops.attention.choose_operator).
+TINY_MODELS: dict[str, dict] = {"tiny": {}, "tiny-d128": {"head_dim": 128}}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -16,7 +20,8 @@ class Plan:
     """Sizes per part. models: Qwen3-Embedding sizes (keys of parity_tables.QWEN3_EMBEDDING);
     tokens: tokens per token-wise op case; seq_lens_sets: packed attention batches;
     shard_counts: CP merge shard counts; unit_grid: also the small unit cases;
-    bench_*: micro-benchmark sizes and repeats; tiny_dtypes: engine dtypes of the tiny model.
+    bench_*: micro-benchmark sizes and repeats; tiny_runs: (TINY_MODELS name, engine dtype)
+    of each tiny-model engine.
     """
 
     name: str
@@ -30,7 +35,7 @@ class Plan:
     bench_tokens: tuple[int, ...]
     bench_warmup: int
     bench_repeats: int
-    tiny_dtypes: tuple[str, ...]
+    tiny_runs: tuple[tuple[str, str], ...]
 
     def op_cases(self, custom_kernel: bool) -> list[OpCase]:
         """Qwen3-Embedding layer cases (and the unit grid); our custom op only if installed."""
@@ -62,7 +67,7 @@ class Plan:
                 + (" + unit grid" if self.unit_grid else "")
             )
         if "model" in parts:
-            tiny = f"tiny ({','.join(self.tiny_dtypes)})"
+            tiny = " + ".join(f"{name} ({dtype})" for name, dtype in self.tiny_runs)
             described.append("model " + (f"{tiny} + {model_label}" if model_label else tiny))
         if "bench" in parts:
             described.append(
@@ -84,7 +89,7 @@ FULL = Plan(
     bench_tokens=(16, 1024),
     bench_warmup=3,
     bench_repeats=10,
-    tiny_dtypes=("bfloat16", "float32"),
+    tiny_runs=(("tiny", "bfloat16"), ("tiny", "float32"), ("tiny-d128", "bfloat16")),
 )
 
 # For CI under the emulator (2 cores): the 0.6B shapes, few tokens, one engine.
@@ -100,5 +105,5 @@ QUICK = Plan(
     bench_tokens=(16,),
     bench_warmup=1,
     bench_repeats=3,
-    tiny_dtypes=("bfloat16",),
+    tiny_runs=(("tiny", "bfloat16"),),
 )

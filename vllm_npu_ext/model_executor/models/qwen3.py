@@ -51,7 +51,7 @@ from vllm_npu_ext.model_executor.layers import fused
 from vllm_npu_ext.model_executor.layers.attention import Qwen3Attention
 from vllm_npu_ext.model_executor.layers.mlp import Qwen3MLP
 from vllm_npu_ext.model_executor.layers.npu_step import NpuStep, RotaryTables
-from vllm_npu_ext.ops import attention, dispatch
+from vllm_npu_ext.ops import attention, dispatch, linear
 from vllm_npu_ext.ops.packed import PackedSeqs
 
 logger = get_logger(__name__)
@@ -82,16 +82,33 @@ class Qwen3DecoderLayer(nn.Module):
         return self.mlp(hidden_states, step), residual
 
 
-def _fusions_for(dtype: torch.dtype) -> FusionConfig:
-    fusions = FusionConfig.from_env()
-    operator = attention.operator_for_dtype(fusions.attention_op, dtype)
-    if operator != fusions.attention_op:
-        logger.warning(
-            "npu_%s does not take %s; fused attention uses npu_%s",
-            fusions.attention_op, dtype, operator,
-        )  # fmt: skip
-        fusions = dataclasses.replace(fusions, attention_op=operator)
-    return fusions
+def _fusions_for(dtype: torch.dtype, attn: Qwen3Attention) -> tuple[FusionConfig, list[str]]:
+    """The environment's fusions, minus what the NPU operators do not take for this model,
+    and one note per change (the model logs them when it runs the NPU path).
+
+    Both limits are documented ones (ops/linear.py, ops/attention.py): npu_grouped_matmul
+    takes float32 only as one x/weight/y, so float32 q/k/v use the merged projection; the
+    attention operator follows `attention.choose_operator` for the layer's dtype and heads.
+    """
+    fusions, notes = FusionConfig.from_env(), []
+    if fusions.grouped_qkv and not linear.grouped_linear_supports(dtype):
+        notes.append(
+            f"npu_grouped_matmul takes {dtype} only with a single x/weight/y tensor; q/k/v use "
+            "the merged projection"
+        )
+        fusions = dataclasses.replace(fusions, grouped_qkv=False)
+    if not fusions.attention:
+        return fusions, notes
+    shape = (attn.head_dim, attn.num_heads, attn.num_kv_heads)
+    choice = attention.choose_operator(fusions.attention_op, dtype, *shape)
+    described = f"{dtype}, head_dim {shape[0]}, {shape[1]} q / {shape[2]} kv heads"
+    if choice.operator is None:
+        notes.append(f"{choice.reason} ({described}); attention runs unfused")
+        return dataclasses.replace(fusions, attention=False), notes
+    if choice.operator != fusions.attention_op:
+        notes.append(f"{choice.reason} ({described}); fused attention uses npu_{choice.operator}")
+        fusions = dataclasses.replace(fusions, attention_op=choice.operator)
+    return fusions, notes
 
 
 def _platform_compiles(vllm_config: VllmConfig) -> bool:
@@ -114,7 +131,6 @@ class Qwen3Model(nn.Module):
         config = vllm_config.model_config.hf_config.get_text_config()
         self.config = config
         self.cache_free = cache_free
-        self.fusions = _fusions_for(vllm_config.model_config.dtype)
         self.npu_possible = compat.npu_path_expected()
         self.rotary_tables = RotaryTables()
         pp_group = get_pp_group()
@@ -131,6 +147,10 @@ class Qwen3Model(nn.Module):
             ),
             prefix=f"{prefix}.layers",
         )
+        first_attention = self.layers[self.start_layer].self_attn
+        self.fusions, notes = _fusions_for(vllm_config.model_config.dtype, first_attention)
+        for note in notes if self.npu_possible else ():
+            logger.info("vllm-npu-ext: %s", note)
         self.norm = (
             RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
             if pp_group.is_last_rank
@@ -318,6 +338,8 @@ def _log_built(model: nn.Module, cache_free: bool, pooling: bool) -> None:
     if inner.npu_possible:
         active = ", ".join(inner.fusions.active()) or "none"
         backend = f"NPU path ({dispatch.npu_ops_name()}), fusions: {active}"
+        if inner.fusions.attention:
+            backend += f", attention operator npu_{inner.fusions.attention_op}"
     else:
         from vllm.platforms import current_platform
 

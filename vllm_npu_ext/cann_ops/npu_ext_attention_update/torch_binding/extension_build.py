@@ -1,17 +1,28 @@
-"""setup.py's optional build of `vllm_npu_ext._cann_C` (the PrivateUse1 kernel of the binding).
+"""The build of `vllm_npu_ext._cann_C` (the PrivateUse1 kernel of the binding).
 
-setup.py loads this file by path (it must not import the vllm_npu_ext package, which needs
-torch). The extension is built only when torch_npu is installed and ASCEND_HOME_PATH or
-ASCEND_TOOLKIT_HOME points at a CANN toolkit with the aclnn headers; otherwise one line says
-why it was skipped and the install goes on. torch_npu is looked up with find_spec and only
-imported once everything is known to be there (importing it without CANN raises).
+Two callers:
+- setup.py loads this file by path (it must not import the vllm_npu_ext package, which needs
+  torch) and builds the extension only when torch_npu is installed and ASCEND_HOME_PATH or
+  ASCEND_TOOLKIT_HOME points at a CANN toolkit with the aclnn headers; otherwise one line
+  says why it was skipped and the install goes on. Under pip's default build isolation
+  torch_npu is not visible, so `pip install .` always skips it;
+- `vllm-npu-ext build-ops` runs this file as a script in the environment itself (no
+  isolation), from the directory that holds the installed `vllm_npu_ext` package:
+
+      python extension_build.py build_ext --inplace
+
+  which writes `vllm_npu_ext/_cann_C.*.so` there, or exits 1 naming what is missing.
+
+torch_npu is looked up with find_spec and only imported once everything is known to be there
+(importing it without CANN raises).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 EXTENSION_NAME = "vllm_npu_ext._cann_C"
@@ -61,3 +72,23 @@ def extension_modules(env: Mapping[str, str] = os.environ) -> tuple[list, dict]:
         libraries=["nnopbase", "ascendcl"],
     )
     return [extension], {"build_ext": BuildExtension}
+
+
+def main(argv: Sequence[str]) -> int:
+    """setuptools on the extension alone (e.g. `build_ext --inplace`); 1 when it cannot build."""
+    reason = skip_reason()
+    if reason is not None:
+        print(f"cannot build {EXTENSION_NAME} (CANN torch binding): {reason}", file=sys.stderr)
+        return 1
+    from setuptools import setup
+
+    modules, cmdclass = extension_modules()
+    setup(
+        name="vllm-npu-ext-cann-binding", py_modules=[], ext_modules=modules, cmdclass=cmdclass,
+        script_args=list(argv),
+    )  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
