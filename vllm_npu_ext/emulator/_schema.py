@@ -78,6 +78,18 @@ def bind(op: str, args: tuple, kwargs: dict) -> BoundCall:
     raise TypeError(errors[0] if len(errors) == 1 else " | ".join(errors))
 
 
+def bind_overload(op: str, overload: str, args: tuple, kwargs: dict) -> BoundCall:
+    """Bind a call to one named overload of `op` ("" is the default), or raise TypeError.
+
+    The CPU kernels use it: torch has bound the call already and passes trailing defaults
+    only when given, so this fills them in and names every argument.
+    """
+    for schema in overloads(op):
+        if schema["overload"] == overload:
+            return _bind_overload(op, schema, args, kwargs)
+    raise KeyError(f"{op} has no overload {overload!r} in {SCHEMA_FILE.name}")
+
+
 def _bind_overload(op: str, schema: dict, args: tuple, kwargs: dict) -> BoundCall:
     name = op + (f".{schema['overload']}" if schema["overload"] else "")
     params = schema["arguments"]
