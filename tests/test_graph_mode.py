@@ -277,3 +277,15 @@ def test_selfcheck_reports_the_compiled_engine():
     results = compiled_results({"model": "tiny"}, run, embeddings, embeddings, 0.99999)
     assert [r.status for r in results] == ["FAIL"] * 4
     assert "graph break: data-dependent branch" in results[0].details
+
+
+@pytest.mark.parametrize(("value", "compiles"), [(None, True), ("1", True), ("0", False)])
+def test_compile_switch(monkeypatch, value, compiles):
+    """VLLM_NPU_EXT_COMPILE=0 keeps vLLM from compiling our model (enable_if of the decorator)."""
+    from vllm_npu_ext.model_executor.models import qwen3
+
+    if value is None:
+        monkeypatch.delenv("VLLM_NPU_EXT_COMPILE", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_NPU_EXT_COMPILE", value)
+    assert qwen3._compiles(None) is compiles
