@@ -3,11 +3,30 @@
     python benchmarks/count_ops.py [--model DIR] [--tokens 37,5,120]
 
 Loads the model into an in-process vLLM engine (with the emulator installed, so the model is
-built for the NPU path), then runs one decoder layer on a packed batch for: all fusions on,
-all off, and each fusion off in turn. Counted: every torch_npu call, plus every other ATen
-operator that launches work on activations (views, aliases and bare allocations excluded;
-the emulator's own internals excluded). The rotary-table gather happens once per forward
-and is reported separately. Last line: one JSON object with the counts.
+built for the NPU path; eager, so this script does its own tracing), then:
+
+Eager: runs one decoder layer on a packed batch for: all fusions on, all off, and each fusion
+off in turn. Counted, as a dispatch mode sees them: every torch_npu operator (each emulated
+operator is one opaque `npu::` torch operator, as on a real NPU), plus every ATen operator that
+launches work on activations (views, aliases and bare allocations excluded). The rotary-table
+gather happens once per forward and is reported separately.
+
+Compiled (the JSON's "compiled" object): the model's forward (all fusions on) as vLLM
+compiles it. TorchDynamo captures it (fullgraph off, so a graph break is counted rather than
+raised: `graph_breaks`); each captured graph is then split with vLLM's own `split_graph`
+(`vllm/compilation/backends.py`) at the splitting ops vLLM would use on Ascend
+(`CompilationConfig.set_splitting_ops_for_v1` under VLLM_COMPILE, which now includes our
+`vllm_npu_ext::cache_free_attention`) plus vllm-ascend's additions (`vllm::mla_forward`,
+`vllm::dsa_forward`, `vllm_ascend/platform.py:617-622`). That is the piecewise structure
+vllm-ascend captures in ACL graphs; on the CPU vLLM traces without splitting, so this script
+applies the split itself. The split graph then runs on a packed batch under the same counter,
+with every operator attributed to the piece that issued it: `ops_outside_graphs_per_layer` is
+the operators that ran in the splitting pieces (eagerly, between graphs), per layer: our
+attention op; `device_ops_outside_graphs_per_layer` what that op issues (the fused attention
+and the copy of its result into the buffer the graph before it allocated, the pattern vLLM's
+own attention op follows); `ops_per_layer` is the operators of one piece between two attention
+ops (one layer's work but attention) plus one splitting piece. Views and bare allocations
+never count; in-place operators (copies) do. Last line: one JSON object with the counts.
 """
 
 from __future__ import annotations
@@ -29,53 +48,160 @@ FREE_OPS = {
     "empty.memory_format", "empty_like.default", "empty_strided.default", "_unsafe_view.default",
 }
 TARGET_PER_LAYER = 12
+# Added to vLLM's default splitting ops by vllm-ascend 0.23 in PIECEWISE mode.
+VLLM_ASCEND_SPLITTING_OPS = ("vllm::mla_forward", "vllm::dsa_forward")
 
 
-class AtenCounter(TorchDispatchMode):
-    """Counts ATen ops issued outside emulated torch_npu operators."""
+class OpCounter(TorchDispatchMode):
+    """Counts operators, under the name of the graph piece running (`piece`).
 
-    def __init__(self, emulator):
+    A torch_npu operator counts once (what it does inside is the device's). Our own Python
+    ops (`vllm_npu_ext::`) count once as operators, and the operators they issue are counted
+    apart, as `device_ops` of the piece.
+    """
+
+    def __init__(self):
         super().__init__()
-        self.emulator = emulator
         self.ops: Counter[str] = Counter()
+        self.by_piece: dict[str, Counter[str]] = {}
+        self.device_ops: dict[str, Counter[str]] = {}
+        self.piece: str | None = None
+        self._inside: str | None = None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not self.emulator.inside_operator() and _launches_work(func):
-            self.ops[f"aten.{func.__name__}"] += 1
-        return func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        if not _launches_work(func):
+            return func(*args, **kwargs)
+        name = _op_name(func)
+        if self._inside is not None:  # issued by one of our ops
+            self.device_ops.setdefault(self.piece, Counter())[name] += 1
+            return func(*args, **kwargs)
+        self.ops[name] += 1
+        if self.piece is not None:
+            self.by_piece.setdefault(self.piece, Counter())[name] += 1
+        if func.namespace != "vllm_npu_ext":
+            return func(*args, **kwargs)
+        self._inside = name
+        try:
+            with self:  # its kernel (one for every backend), with its operators seen
+                return func._op_dk(torch._C.DispatchKey.CompositeExplicitAutograd, *args, **kwargs)
+        finally:
+            self._inside = None
+
+
+def _op_name(func) -> str:
+    namespace = {"npu": "torch_npu"}.get(func.namespace, func.namespace)
+    return f"{namespace}.{func._opname}" if namespace != "aten" else f"aten.{func.__name__}"
 
 
 def _launches_work(func) -> bool:
+    """False for views (a result aliasing an input, unwritten) and bare allocations."""
     if func.__name__ in FREE_OPS:
         return False
-    return not any(ret.alias_info is not None for ret in func._schema.returns)
+    returns = func._schema.returns
+    return not any(r.alias_info is not None and not r.alias_info.is_write for r in returns)
 
 
-def count_layer_ops(model, fusions, tokens: list[int], emulator) -> dict:
+def count_layer_ops(model, fusions, tokens: list[int]) -> dict:
+    """Eager: device ops of one decoder layer (and of the per-forward rotary gather)."""
     from vllm_npu_ext.ops.packed import PackedSeqs
 
     inner = model.model
     seqs = PackedSeqs.from_seq_lens(tokens)
-    total = seqs.num_tokens
     positions = torch.cat([torch.arange(n) for n in tokens])
     dtype = inner.embed_tokens.weight.dtype
-    hidden = torch.randn(total, inner.config.hidden_size, dtype=dtype)
+    hidden = torch.randn(seqs.num_tokens, inner.config.hidden_size, dtype=dtype)
     residual = torch.randn_like(hidden)
     layer = inner.layers[inner.start_layer]
     npu = sys.modules["torch_npu"]
 
-    per_forward = AtenCounter(emulator)
-    emulator.reset_counts()
+    with torch.no_grad():  # once first: one-time work (the compressed causal mask) is not counted
+        layer(positions, hidden, residual, inner.npu_step(npu, positions, dtype, seqs, fusions))
+    per_forward = OpCounter()
     with torch.no_grad(), per_forward:
         step = inner.npu_step(npu, positions, dtype, seqs, fusions)
-    per_layer = AtenCounter(emulator)
-    emulator.reset_counts()
+    per_layer = OpCounter()
     with torch.no_grad(), per_layer:
         layer(positions, hidden, residual, step)
-    npu_calls = {f"torch_npu.{k}": v for k, v in emulator.calls.items() if v}
-    ops = dict(sorted({**npu_calls, **per_layer.ops}.items()))
+    ops = dict(sorted(per_layer.ops.items()))
     per_forward_ops = sum(per_forward.ops.values())
     return {"per_layer": sum(ops.values()), "ops": ops, "per_forward": per_forward_ops}
+
+
+def splitting_ops() -> list[str]:
+    """The ops vLLM (VLLM_COMPILE, default splitting) and vllm-ascend split piecewise graphs at."""
+    from vllm.config import CompilationConfig
+    from vllm.config.compilation import CompilationMode
+
+    from vllm_npu_ext import compat
+    from vllm_npu_ext.model_executor.layers.cache_free_op import SPLITTING_OP
+
+    compat.add_default_splitting_op(SPLITTING_OP)  # as the plugin's config hook does
+    config = CompilationConfig(mode=CompilationMode.VLLM_COMPILE)
+    config.set_splitting_ops_for_v1(all2all_backend="naive")
+    return [*config.splitting_ops, *VLLM_ASCEND_SPLITTING_OPS]
+
+
+def count_compiled(model, tokens: list[int]) -> dict:
+    """Compiled: graph breaks, and ops inside/outside vLLM's piecewise graphs (see docstring)."""
+    import torch._dynamo.utils as dynamo_utils
+    from vllm.compilation.backends import split_graph
+
+    inner = model.model
+    captured, ops = [], splitting_ops()
+
+    def backend(graph, example_inputs):  # dynamo passes the real inputs of this call
+        split_module, items = split_graph(graph, ops)
+        captured.append((split_module, items, list(example_inputs)))
+        return split_module
+
+    torch._dynamo.reset()
+    dynamo_utils.counters.clear()
+    input_ids = torch.randint(inner.config.vocab_size, (sum(tokens),))
+    positions = torch.cat([torch.arange(n) for n in tokens])
+    with torch.no_grad():
+        torch.compile(inner.forward, backend=backend, fullgraph=False)(input_ids, positions)
+    graph_breaks = sum(dynamo_utils.counters["graph_break"].values())
+    torch._dynamo.reset()
+    counter, pieces = OpCounter(), []
+    for split_module, items, inputs in captured:  # rerun each graph's pieces, counted
+        for item in items:
+            submodule = getattr(split_module, item.submod_name)
+            label = f"{len(pieces)}:{'outside' if item.is_splitting_graph else 'graph'}"
+            submodule.forward = _attributed(counter, label, submodule.forward)
+            pieces.append(label)
+        with torch.no_grad(), counter:
+            split_module(*inputs)
+    layers = inner.end_layer - inner.start_layer
+    counted = {p: sum(counter.by_piece.get(p, Counter()).values()) for p in pieces}
+    outside = [p for p in pieces if p.endswith("outside")]
+    device = {p: sum(counter.device_ops.get(p, Counter()).values()) for p in outside}
+    # pieces: graph, attention, graph (layer i after attention + layer i+1 before it), ...
+    between = pieces[2] if len(pieces) > 3 else None
+    return {
+        "graph_breaks": graph_breaks,
+        "graphs": len(pieces) - len(outside),
+        "ops_outside_graphs_per_layer": sum(counted[p] for p in outside) / layers,
+        "device_ops_outside_graphs_per_layer": sum(device.values()) / layers,
+        "ops_per_layer": counted[between] + counted[outside[0]] if between else None,
+        "outside_ops": _merged(counter.by_piece, outside),
+        "outside_device_ops": _merged(counter.device_ops, outside),
+    }
+
+
+def _merged(counts: dict[str, Counter[str]], pieces: list[str]) -> dict[str, int]:
+    return dict(sum((counts.get(p, Counter()) for p in pieces), Counter()))
+
+
+def _attributed(counter: OpCounter, label: str, forward):
+    def run(*args, **kwargs):
+        previous, counter.piece = counter.piece, label
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            counter.piece = previous
+
+    return run
 
 
 def main() -> int:
@@ -94,32 +220,48 @@ def main() -> int:
     from vllm import LLM
 
     llm = LLM(model=model_dir, runner="pooling", convert="embed", dtype="bfloat16",
-              max_model_len=512, gpu_memory_utilization=0.3)  # fmt: skip
+              max_model_len=512, gpu_memory_utilization=0.3, enforce_eager=True)  # fmt: skip
 
     def run(model):
         # The model's own fusions: its attention operator is the one its shapes allow.
         base = model.model.fusions
         configs = {"all_on": base, "all_off": FusionConfig.all_off()}
         configs.update({f"no_{name}": base.without(name) for name in FUSIONS})
-        return {name: count_layer_ops(model, c, tokens, emulator) for name, c in configs.items()}
+        return {name: count_layer_ops(model, c, tokens) for name, c in configs.items()}
 
     results = llm.apply_model(run)[0]
-    _print_table(results)
+    compiled = llm.apply_model(lambda model: count_compiled(model, tokens))[0]
+    _print_table(results, compiled)
     summary = {name: r["per_layer"] for name, r in results.items()}
     summary["per_forward_all_on"] = results["all_on"]["per_forward"]
     summary["target_all_on"] = TARGET_PER_LAYER
     summary["meets_target"] = results["all_on"]["per_layer"] <= TARGET_PER_LAYER
+    summary["compiled"] = {key: compiled[key] for key in COMPILED_KEYS}
     print(json.dumps(summary))
     return 0
 
 
-def _print_table(results: dict) -> None:
+COMPILED_KEYS = (
+    "graph_breaks", "ops_outside_graphs_per_layer", "device_ops_outside_graphs_per_layer",
+    "ops_per_layer",
+)
+
+
+def _print_table(results: dict, compiled: dict) -> None:
     print("| configuration | ops per decoder layer | per forward (rotary tables) |")
     print("|---|---:|---:|")
     for name, result in results.items():
         print(f"| {name} | {result['per_layer']} | {result['per_forward']} |")
     for name in ("all_on", "all_off"):
         print(f"\n{name}: " + ", ".join(f"{op} x{n}" for op, n in results[name]["ops"].items()))
+    print(
+        f"\ncompiled (all_on): {compiled['graph_breaks']} graph breaks, {compiled['graphs']} "
+        f"piecewise graphs, {compiled['ops_per_layer']} ops per layer of which "
+        f"{compiled['ops_outside_graphs_per_layer']} outside the graphs: "
+        + ", ".join(f"{op} x{n}" for op, n in compiled["outside_ops"].items())
+        + "; they issue "
+        + ", ".join(f"{op} x{n}" for op, n in compiled["outside_device_ops"].items())
+    )
 
 
 if __name__ == "__main__":

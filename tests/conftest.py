@@ -78,12 +78,30 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("models") / "tiny")
 
 
+# Compiled engine runs (vLLM compiles the NPU path): configuration -> compilation config.
+# bfloat16 also forces a full graph mode (the plugin falls back to PIECEWISE) and keeps
+# dynamo's shape guards, so a recompilation for a new batch shape fails the run.
+COMPILED_RUNS: dict[str, dict] = {
+    "gqa2_tied_fp32": {},
+    "gqa4_bf16": {
+        "cudagraph_mode": "FULL_AND_PIECEWISE", "dynamic_shapes_config": {"evaluate_guards": True},
+    },
+}
+
+
 class EngineRuns:
     """Runs `tests/support/engine_worker.py` once per configuration, on first use."""
 
     def __init__(self, root: Path):
         self.root = root
         self._results: dict[str, dict] = {}
+
+    def compiled(self, name: str) -> dict:
+        """The compiled engine run of configuration `name` (`COMPILED_RUNS`)."""
+        compilation = COMPILED_RUNS[name]
+        # evaluate_guards needs vLLM to call the compiled function through dynamo.
+        env = {"VLLM_USE_BYTECODE_HOOK": "0"} if compilation.get("dynamic_shapes_config") else {}
+        return self._run(f"{name}_compiled", name, ["--compiled", json.dumps(compilation)], env)
 
     def model_dir(self, name: str) -> Path:
         path = self.root / name
@@ -92,19 +110,24 @@ class EngineRuns:
         return path
 
     def __getitem__(self, name: str) -> dict:
-        if name not in self._results:
-            out = self.root / f"{name}.pt"
+        return self._run(name, name, [], {})
+
+    def _run(self, key: str, name: str, extra: list[str], env: dict[str, str]) -> dict:
+        if key not in self._results:
+            out = self.root / f"{key}.pt"
             command = [
                 sys.executable, str(TESTS_DIR / "support" / "engine_worker.py"),
                 "--model", str(self.model_dir(name)), "--dtype", ENGINE_CONFIGS[name]["dtype"],
-                "--out", str(out), "--texts", json.dumps(PARITY_TEXTS), "--emulate",
+                "--out", str(out), "--texts", json.dumps(PARITY_TEXTS), "--emulate", *extra,
             ]  # fmt: skip
-            done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+            done = subprocess.run(
+                command, capture_output=True, text=True, timeout=900, env={**os.environ, **env}
+            )
             if done.returncode != 0:
                 log = done.stdout[-3000:] + done.stderr[-6000:]
-                raise RuntimeError(f"engine run {name} failed:\n{log}")
-            self._results[name] = {**torch.load(out), "log": done.stdout + done.stderr}
-        return self._results[name]
+                raise RuntimeError(f"engine run {key} failed:\n{log}")
+            self._results[key] = {**torch.load(out), "log": done.stdout + done.stderr}
+        return self._results[key]
 
 
 @pytest.fixture(scope="session")
@@ -125,4 +148,17 @@ def embedding_server(tiny_model_dir, tmp_path_factory):
             "--gpu-memory-utilization", "0.3"]  # fmt: skip
     with running_server(args, root / "server.log", probe_server_env(probe_dir)) as server:
         server.probe_dir = probe_dir
+        yield server
+
+
+@pytest.fixture(scope="session")
+def emulated_embedding_server(tiny_model_dir, tmp_path_factory):
+    """`vllm-npu-ext serve` of the tiny float32 checkpoint on the NPU path (torch_npu
+    emulator in every vLLM process), vLLM's default graph mode."""
+    from support.server import running_server
+
+    root = tmp_path_factory.mktemp("emulated_server")
+    args = [str(tiny_model_dir), "--dtype", "float32", "--max-model-len", "128",
+            "--gpu-memory-utilization", "0.3"]  # fmt: skip
+    with running_server(args, root / "server.log", {"VLLM_NPU_EXT_EMULATE": "1"}) as server:
         yield server

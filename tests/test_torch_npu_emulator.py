@@ -288,25 +288,86 @@ def test_calls_are_counted_per_operator():
     assert sum(emu.calls.values()) == 0
 
 
-class _RecordInside(TorchDispatchMode):
+class _RecordOps(TorchDispatchMode):
+    """Records each operator a dispatch mode sees, with its arguments."""
+
     def __init__(self):
         super().__init__()
         self.seen = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.seen.append(emu.inside_operator())
+        self.seen.append((func, args, kwargs or {}))
         return func(*args, **(kwargs or {}))
 
 
-def test_inside_operator_marks_only_the_emulators_own_aten_ops():
+def test_an_emulated_operator_is_one_opaque_torch_operator(monkeypatch):
+    """As with torch_npu, callers see one `npu::` operator, never the emulator's own aten ops;
+    inside_operator() is True only while its CPU kernel runs."""
+    from vllm_npu_ext.emulator import norm
+
     x, gamma = rand(3, 8), rand(8)
-    with _RecordInside() as mode:
+    inside = []
+    original = norm._rms_norm
+    monkeypatch.setattr(norm, "_rms_norm", lambda *a: inside.append(emu.inside_operator())
+                        or original(*a))
+    with _RecordOps() as mode:
         emu.npu_rms_norm(x, gamma)
-    inside = mode.seen
-    with _RecordInside() as mode:
-        torch.add(x, x)
-    assert inside and all(inside)
-    assert mode.seen == [False] and not emu.inside_operator()
+    assert [func for func, _, _ in mode.seen] == [torch.ops.npu.npu_rms_norm.default]
+    assert inside == [True] and not emu.inside_operator()
+
+
+@pytest.mark.parametrize("op", sorted(_schema.schema_document()["operators"]))
+def test_operators_are_registered_with_the_wheels_schema_strings(op):
+    for schema in _schema.schema_document()["operators"][op]:
+        overload = getattr(getattr(torch.ops.npu, op), schema["overload"] or "default")
+        assert overload._schema == torch._C.parse_schema("npu::" + schema["schema"])
+
+
+def test_registration_is_safe_to_repeat():
+    from vllm_npu_ext.emulator import _runtime, pointwise
+
+    _runtime.register_operator("npu_swiglu", lambda call: 1 / 0)  # kept: the first one stays
+    emu.reset_counts()
+    out = emu.npu_swiglu(rand(3, 8))
+    assert out.shape == (3, 4) and emu.calls == {"npu_swiglu": 1}
+    assert pointwise.npu_swiglu is emu.OPERATORS["npu_swiglu"]
+
+
+@pytest.mark.parametrize("name", sorted(VALID_CALLS))
+def test_fake_kernels_match_the_cpu_kernels(name):
+    """torch.library.opcheck: the schema's alias/mutation claims hold, and the fake kernel (the
+    wheel's meta shapes) gives the CPU kernel's output shapes, dtypes and strides."""
+    # update_type 0: the wheel's meta returns an lse-shaped second output where eager returns
+    # None (the kernel allocates it only for update_type 1), so that case cannot agree.
+    call = update(update_type=1) if name == "update" else VALID_CALLS[name]
+    with _RecordOps() as mode:
+        call()
+    (func, args, kwargs), = [seen for seen in mode.seen if seen[0].namespace == "npu"]
+    torch.library.opcheck(func, args, kwargs, test_utils=("test_schema", "test_faketensor"))
+
+
+def test_compiled_calls_count_once_and_stay_corruptible():
+    """Under torch.compile the graph calls the operator's kernel: counted once per execution,
+    the corruption hook still applies, and the operator causes no graph break."""
+    import torch._dynamo.utils as dynamo_utils
+
+    torch._dynamo.reset()
+    dynamo_utils.counters.clear()
+
+    def layer(x, gamma):
+        return emu.npu_swiglu(emu.npu_rms_norm(x, gamma)[0]) * 2
+
+    compiled = torch.compile(layer, fullgraph=True, backend="inductor")
+    x, gamma = rand(3, 8), rand(8)
+    emu.reset_counts()
+    with torch.no_grad():
+        results = [compiled(x, gamma) for _ in range(3)]
+        with emu.corrupted("npu_swiglu", lambda y: y + 1):
+            corrupted = compiled(x, gamma)
+    assert emu.calls == {"npu_rms_norm": 4, "npu_swiglu": 4}
+    torch.testing.assert_close(results[0], layer(x, gamma))
+    torch.testing.assert_close(corrupted, results[0] + 2)
+    assert not dynamo_utils.counters["graph_break"]
 
 
 def test_corrupted_perturbs_one_operator_while_active():

@@ -84,10 +84,11 @@ def test_fia_tnd_causal_gqa_matches_float64(dtype, q_lens, kv_lens, heads, head_
     torch.testing.assert_close(lse.squeeze(-1).double(), expected_lse, rtol=1e-5, atol=1e-5)
 
 
-def test_fia_without_lse_flag_returns_a_float32_zero():
+def test_fia_without_lse_flag_returns_an_empty_float32_lse():
+    """`[0]`, as the wheel's C++ and meta kernels allocate (its prose docs say `[1]`)."""
     q, k = rand(4, 2, 128, dtype=torch.bfloat16), rand(4, 2, 128, dtype=torch.bfloat16)
     _, lse = fia_tnd(q, k, k, [4], [4])
-    assert lse.dtype == torch.float32 and torch.equal(lse, torch.zeros(1))
+    assert lse.dtype == torch.float32 and lse.shape == (0,)
 
 
 @pytest.mark.parametrize("causal", [True, False])

@@ -41,9 +41,11 @@ def register() -> None:
         )  # fmt: skip
     registered = []
     if envs.flag("VLLM_NPU_EXT_MODEL_OVERRIDE"):
+        from vllm_npu_ext.model_executor.models import qwen3_config
         from vllm_npu_ext.patches import vllm_model_registry
 
         registered += vllm_model_registry.install(model_registrations())
+        registered.append(qwen3_config.install())
     registered.extend(apply_patches())
     logger.info(
         "vllm-npu-ext %s registered in pid %d: %s",

@@ -12,6 +12,11 @@ Differences found so far and how they are handled:
 - `CommonAttentionMetadata.causal` may be a tensor in 0.32 (dynamic causality); our cache-free
   builder always sets a plain bool.
 - `get_rope` gained `mrope_positions_factor` in 0.32; we do not pass it.
+- Graph modes: `MODELS_CONFIG_MAP` (per-architecture config hooks), `CUDAGraphMode` and the
+  class-level default splitting ops `CompilationConfig._attention_ops` have the same names and
+  shapes in both (0.23 `model_executor/models/config.py:17-24,590`, `config/compilation.py:53,
+  756`; 0.32 `:18-25,1063`, `:53,768`). 0.32 also looks the architecture up under its
+  normalised name (`config/vllm.py:2648-2656`); "Qwen3ForCausalLM" is already normal.
 """
 
 from __future__ import annotations
@@ -99,3 +104,38 @@ def query_start_loc_cpu(common_attn_metadata: Any) -> torch.Tensor:
     """Host-side `[num_reqs + 1]` query offsets (present in both versions)."""
     num_reqs = common_attn_metadata.num_reqs
     return common_attn_metadata.query_start_loc_cpu[: num_reqs + 1]
+
+
+def install_config_hook(architecture: str, hook: Any) -> Any:
+    """Make `hook` vLLM's config hook for `architecture`; returns the entry it replaced.
+
+    vLLM calls `MODELS_CONFIG_MAP[architecture].verify_and_update_config(vllm_config)` first in
+    `VllmConfig.__post_init__` and `.verify_and_update_model_config(model_config)` in
+    `ModelConfig.__post_init__`. Installing the same hook twice keeps the first replaced entry.
+    """
+    from vllm.model_executor.models.config import MODELS_CONFIG_MAP
+
+    previous = MODELS_CONFIG_MAP.get(architecture)
+    if previous is hook:
+        return hook.previous
+    MODELS_CONFIG_MAP[architecture] = hook
+    return previous
+
+
+def add_default_splitting_op(op_name: str) -> None:
+    """Add `op_name` ("namespace::op") to the ops vLLM splits piecewise graphs at by default.
+
+    vLLM copies `CompilationConfig._attention_ops` into `splitting_ops` when the user gave
+    none; vllm-ascend's PIECEWISE branch goes through the same copy.
+    """
+    from vllm.config.compilation import CompilationConfig
+
+    if op_name not in CompilationConfig._attention_ops:
+        CompilationConfig._attention_ops.append(op_name)
+
+
+def piecewise_mode() -> Any:
+    """`CUDAGraphMode.PIECEWISE`."""
+    from vllm.config.compilation import CUDAGraphMode
+
+    return CUDAGraphMode.PIECEWISE

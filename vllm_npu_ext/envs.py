@@ -28,6 +28,7 @@ FUSIONS: dict[str, tuple[str, str]] = {
 }
 
 MASTER_SWITCH = "VLLM_NPU_EXT_FUSED"
+COMPILE_SWITCH = "VLLM_NPU_EXT_COMPILE"
 ATTENTION_OP = "VLLM_NPU_EXT_ATTENTION_OP"
 ATTENTION_OPS = ("fused_infer_attention_score", "fusion_attention")
 
@@ -50,6 +51,11 @@ VARIABLES: dict[str, tuple[str, str]] = {
         "1",
         "1: pooling runs allocate and write no KV cache (prefix caching and chunked prefill "
         "are then off); 0: keep vLLM's KV cache for pooling",
+    ),
+    COMPILE_SWITCH: (
+        "1",
+        "0: vLLM does not compile our Qwen3 (eager forward, no graphs; --enforce-eager does the "
+        "same for every model)",
     ),
     MASTER_SWITCH: ("1", "0: every NPU fusion off (reference PyTorch ops on the NPU)"),
     **{

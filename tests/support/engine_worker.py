@@ -1,6 +1,7 @@
 """Runs one in-process vLLM embedding engine with the plugin and saves what the tests check.
 
     python tests/support/engine_worker.py --model DIR --dtype float32 --out FILE [--emulate]
+        [--compiled '{"cudagraph_mode": "PIECEWISE"}']
 
 One process per checkpoint keeps each engine's global state (distributed groups, compile
 caches) out of the pytest process. The engine and the common results (model classes, NPU
@@ -29,9 +30,13 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--texts", required=True, help="JSON list of texts")
     parser.add_argument("--emulate", action="store_true")
+    parser.add_argument("--compiled", help="JSON compilation config: a compiled engine run")
     args = parser.parse_args()
     texts = json.loads(args.texts)
 
+    if args.compiled is not None:
+        torch.save(_compiled_run(args, texts), args.out)
+        return
     llm = engine_probe.build_llm(args.model, args.dtype, args.emulate, max_model_len=256)
     results = engine_probe.probe(llm, texts, args.emulate)
     if args.emulate:
@@ -40,14 +45,43 @@ def main() -> None:
         emulator.uninstall()
         results["platform"] = engine_probe.embed(llm, texts)
         emulator.install()
-        results["op_counts"] = _op_counts(llm, emulator)
+        results["op_counts"] = _op_counts(llm)
+        results["compiled_counts"] = _compiled_counts(llm)
     torch.save(results, args.out)
 
 
-def _op_counts(llm, emulator) -> dict[str, int]:
-    """Device operators per decoder layer (benchmarks/count_ops.py) for each configuration."""
+def _compiled_run(args, texts) -> dict:
+    """vLLM compiles the model (`--compiled` adds to its compilation config): embeddings,
+    dynamo's counters and the emulated operators' kernel calls (made by the compiled graph)."""
+    llm = engine_probe.build_llm(
+        args.model, args.dtype, args.emulate, compiled=True, max_model_len=256,
+        compilation_config=json.loads(args.compiled),
+    )  # fmt: skip
+    from vllm_npu_ext import emulator
+
+    emulator.reset_counts()
+    results = engine_probe.probe_compiled(llm, texts)
+    results["kernel_calls"] = dict(emulator.calls)
+    results["model_classes"] = llm.apply_model(engine_probe.class_names)[0]
+    return results
+
+
+def _count_ops_module():
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    from count_ops import count_layer_ops
+    import count_ops
+
+    return count_ops
+
+
+def _compiled_counts(llm) -> dict:
+    """Graph breaks and ops inside/outside vLLM's piecewise graphs (benchmarks/count_ops.py)."""
+    count_compiled = _count_ops_module().count_compiled
+    return llm.apply_model(lambda model: count_compiled(model, [7, 3]))[0]
+
+
+def _op_counts(llm) -> dict[str, int]:
+    """Device operators per decoder layer (benchmarks/count_ops.py) for each configuration."""
+    count_layer_ops = _count_ops_module().count_layer_ops
 
     from vllm_npu_ext.envs import FUSIONS
 
@@ -55,7 +89,7 @@ def _op_counts(llm, emulator) -> dict[str, int]:
         base = model.model.fusions
         configs = {"all_on": base, **{f"no_{name}": base.without(name) for name in FUSIONS}}
         return {
-            name: count_layer_ops(model, config, [7, 3], emulator)["per_layer"]
+            name: count_layer_ops(model, config, [7, 3])["per_layer"]
             for name, config in configs.items()
         }
 

@@ -6,16 +6,20 @@ A strict stand-in for the torch_npu operators the project calls, installed as
 path with it; nothing else in the package imports it. `vllm_npu_ext.ops.dispatch` is the one
 place that recognises it.
 
-Emulates the torch_npu operators the project calls. Each call is bound against the
-operator's schema extracted from the torch-npu wheel (`torch_npu_schemas.json`), checked
-against the documented contract (layouts, cumulative host-side sequence lengths, head counts,
-masks, dtypes, shapes), then computed in float32 PyTorch and returned in the input dtype.
-Calls the real operator would reject or silently mis-handle raise ValueError/TypeError;
-documented features the emulator does not implement raise NotImplementedError.
+Emulates the torch_npu operators the project calls. Each is a torch operator
+`torch.ops.npu.<name>` defined from the schema string of the torch-npu wheel
+(`torch_npu_schemas.json`), as torch_npu defines its own, with a fake kernel giving the
+wheel's meta shapes: `torch.compile` traces each call as one opaque operator (`_runtime`,
+`_fake`). In eager mode each call is first bound by the emulator's stricter binder, then
+torch binds it; the CPU kernel checks the documented contract (layouts, cumulative host-side
+sequence lengths, head counts, masks, dtypes, shapes), computes in float32 PyTorch and returns
+the input dtype. Calls the real operator would reject or silently mis-handle raise
+ValueError/TypeError; documented features the emulator does not implement raise
+NotImplementedError.
 
     with torch_npu_emulator.emulated():      # sys.modules["torch_npu"] is the emulator
         ...                                  # vllm_npu_ext.ops.dispatch now takes NPU paths
-    torch_npu_emulator.calls["npu_rms_norm"] # calls per operator
+    torch_npu_emulator.calls["npu_rms_norm"] # kernel calls per operator (compiled graphs too)
 
 Tensors must live on the CPU, which stands in for the NPU. While installed, the emulated
 platform also keeps each linear layer's weight as the NPU platform does (`platform`), and

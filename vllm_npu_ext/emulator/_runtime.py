@@ -1,5 +1,21 @@
-"""What every emulated operator shares: schema binding, the CPU-device rule, call counting,
-the "inside an operator" flag and the test-only corruption hook."""
+"""What every emulated operator shares: registration as a torch operator, the public function,
+the CPU-device rule, call counting, the "inside an operator" flag and the test-only
+corruption hook.
+
+Each emulated operator is a real torch operator in the `npu` namespace, defined from the
+schema strings of the torch-npu wheel (`torch_npu_schemas.json`), exactly as torch_npu
+defines its own (its `torch_npu.npu_xxx` is `torch.ops.npu.npu_xxx`, `utils/custom_ops.py`
+of the 2.10.0.post4 wheel). The emulator registers a CPU kernel (the contract checks and the
+float32 math) and a fake kernel giving the output shapes of the wheel's meta registrations
+(`_fake.py`). So torch binds every argument, and `torch.compile` traces each call as one
+opaque operator, as it does the real ones.
+
+The public function `npu_xxx(...)` first runs, in eager mode only, the emulator's own stricter
+binder (`_schema.bind`: TypeError naming the argument, host-side int lists instead of tensors,
+every tensor on the CPU), then calls `torch.ops.npu.npu_xxx`. Calls are counted and corrupted
+inside the CPU kernel, so each execution counts once, eager or compiled (a compiled graph calls
+the kernel, never the public function).
+"""
 
 from __future__ import annotations
 
@@ -11,9 +27,12 @@ from typing import Any
 
 import torch
 
-from ._schema import BoundCall, bind
+from . import _fake
+from ._schema import BoundCall, bind, bind_overload, overloads
 
-# Operator name -> number of calls (every call that reached the operator, accepted or not).
+NAMESPACE = "npu"
+# Operator name -> number of calls (every call that reached the operator's kernel, accepted or
+# not; calls the binder rejected never reach it).
 calls: collections.Counter[str] = collections.Counter()
 OPERATORS: dict[str, Callable[..., Any]] = {}
 _depth = 0
@@ -26,7 +45,7 @@ def reset_counts() -> None:
 
 
 def inside_operator() -> bool:
-    """True while an emulated operator runs (its own aten ops are not the caller's)."""
+    """True while an emulated operator's CPU kernel runs (its own aten ops are not the caller's)."""
     return _depth > 0
 
 
@@ -49,37 +68,76 @@ def corrupted(op_name: str, perturb: Callable[[Any], Any]) -> Iterator[None]:
 def emulated_operator(
     op: str, overloads: tuple[str, ...] = ("",)
 ) -> Callable[[Callable[[BoundCall], Any]], Callable[..., Any]]:
-    """Turn `impl(call: BoundCall)` into the public torch_npu-style function `op`.
-
-    The public function binds its arguments against the schema of `op` (TypeError on a bad
-    call), counts the call, checks that every tensor is on the CPU, then runs `impl`.
-    """
+    """Register `impl(call: BoundCall)` as the CPU kernel of `torch.ops.npu.<op>` (every schema
+    overload; those not in `overloads` raise NotImplementedError) and return the public
+    torch_npu-style function `op`."""
 
     def decorate(impl: Callable[[BoundCall], Any]) -> Callable[..., Any]:
+        register_operator(op, impl, overloads)
+        packet = getattr(getattr(torch.ops, NAMESPACE), op)
+
         @functools.wraps(impl)
         def operator(*args: Any, **kwargs: Any) -> Any:
-            global _depth
-            calls[op] += 1
-            _depth += 1
-            try:
-                call = bind(op, args, kwargs)
-                if call.overload not in overloads:
-                    raise NotImplementedError(
-                        f"{op}.{call.overload} is not emulated (emulated overloads: "
-                        f"{[o or 'default' for o in overloads]})"
-                    )
-                require_cpu(call)
-                result = impl(call)
-            finally:
-                _depth -= 1
-            perturb = _corruptions.get(op)
-            return result if perturb is None else perturb(result)
+            if not torch.compiler.is_compiling():
+                require_cpu(bind(op, args, kwargs))
+            return packet(*args, **kwargs)
 
         operator.__name__ = operator.__qualname__ = op
+        del operator.__wrapped__  # the public function is the operator call, not `impl`
         OPERATORS[op] = operator
         return operator
 
     return decorate
+
+
+@functools.cache
+def _library() -> torch.library.Library:
+    return torch.library.Library(NAMESPACE, "FRAGMENT")
+
+
+def register_operator(
+    op: str, impl: Callable[[BoundCall], Any], emulated: tuple[str, ...] = ("",)
+) -> None:
+    """Define `npu::<op>` (every overload in the schema file) with CPU and fake kernels.
+
+    Safe to repeat: what is already registered (by an earlier call, or by a real torch_npu in
+    this process) is kept.
+    """
+    defined = {s.overload_name for s in torch._C._jit_get_schemas_for_operator(f"npu::{op}")}
+    for schema in overloads(op):
+        overload = schema["overload"]
+        name = op + (f".{overload}" if overload else "")
+        qualified = f"{NAMESPACE}::{name}"
+        if overload not in defined:
+            _library().define(schema["schema"])
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "CPU"):
+            _library().impl(name, _cpu_kernel(op, overload, impl, emulated), "CPU")
+        fake = _fake.FAKE_KERNELS.get(name)
+        if fake is not None and not torch._C._dispatch_has_kernel_for_dispatch_key(
+            qualified, "Meta"
+        ):
+            torch.library.register_fake(qualified, fake, lib=_library())
+
+
+def _cpu_kernel(op: str, overload: str, impl: Callable[[BoundCall], Any], emulated):
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        global _depth
+        calls[op] += 1
+        _depth += 1
+        try:
+            if overload not in emulated:
+                raise NotImplementedError(
+                    f"{op}.{overload} is not emulated (emulated overloads: "
+                    f"{[o or 'default' for o in emulated]})"
+                )
+            result = impl(bind_overload(op, overload, args, kwargs))
+        finally:
+            _depth -= 1
+        perturb = _corruptions.get(op)
+        return result if perturb is None else perturb(result)
+
+    kernel.__name__ = f"{op}_cpu_kernel"
+    return kernel
 
 
 def require_cpu(call: BoundCall) -> None:

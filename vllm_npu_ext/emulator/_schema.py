@@ -2,7 +2,9 @@
 
 The JSON is extracted from the torch-npu wheel by `scripts/extract_torch_npu_schemas.py`, so
 the emulator's signatures (argument order, keyword-only arguments, defaults, types) follow the
-real operators as data: when the schema changes, binding changes with it.
+real operators as data: when the schema changes, binding changes with it. The same strings
+define the emulated torch operators (`_runtime.register_operator`), whose CPU and fake kernels
+use `bind_overload` to name the arguments torch passes them.
 """
 
 from __future__ import annotations
@@ -76,6 +78,18 @@ def bind(op: str, args: tuple, kwargs: dict) -> BoundCall:
         except TypeError as error:
             errors.append(str(error))
     raise TypeError(errors[0] if len(errors) == 1 else " | ".join(errors))
+
+
+def bind_overload(op: str, overload: str, args: tuple, kwargs: dict) -> BoundCall:
+    """Bind a call to one named overload of `op` ("" is the default), or raise TypeError.
+
+    The CPU kernels use it: torch has bound the call already and passes trailing defaults
+    only when given, so this fills them in and names every argument.
+    """
+    for schema in overloads(op):
+        if schema["overload"] == overload:
+            return _bind_overload(op, schema, args, kwargs)
+    raise KeyError(f"{op} has no overload {overload!r} in {SCHEMA_FILE.name}")
 
 
 def _bind_overload(op: str, schema: dict, args: tuple, kwargs: dict) -> BoundCall:

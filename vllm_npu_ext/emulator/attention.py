@@ -140,7 +140,8 @@ def npu_fused_infer_attention_score(call: BoundCall) -> tuple[torch.Tensor, torc
     Python int lists without a leading 0 (last == T); bfloat16 with D 128 or 192 only (module
     docstring). Other layouts: float16/bfloat16 (float32 is not accepted by the real
     operator). Returns (out like query, LSE float32 `[T, N, 1]` when softmax_lse_flag, else
-    a float32 `[1]` zero).
+    an empty float32 `[0]`: what the wheel's C++ and meta kernels allocate,
+    `_meta_registrations.py:1995`; the prose docs say `[1]`).
     """
     call.require_defaults(FIA_HANDLED)
     _require_layout(FIA, call.input_layout, FIA_LAYOUTS, FIA_OTHER_LAYOUTS)
@@ -169,7 +170,7 @@ def npu_fused_infer_attention_score(call: BoundCall) -> tuple[torch.Tensor, torc
     result = varlen_attention(packed, call.scale, causal)
     out = unpack_output(call.input_layout, result.out.to(call.query.dtype), packed)
     if not call.softmax_lse_flag:
-        return out, torch.zeros(1, dtype=torch.float32)
+        return out, torch.zeros(0, dtype=torch.float32)
     return out, unpack_rows(call.input_layout, result.lse, packed).unsqueeze(-1)
 
 

@@ -18,8 +18,16 @@ import torch
 EMULATOR_MARKER = "__vllm_npu_ext_emulator__"
 
 
-@functools.cache
 def _real_torch_npu() -> ModuleType | None:
+    # Imported already (vllm-ascend does so early): a plain lookup, which torch.compile traces.
+    module = sys.modules.get("torch_npu")
+    if module is not None and not getattr(module, EMULATOR_MARKER, False):
+        return module
+    return _import_torch_npu()
+
+
+@functools.cache
+def _import_torch_npu() -> ModuleType | None:
     # torch_npu raises RuntimeError/OSError, not only ImportError, when CANN is missing.
     try:
         import torch_npu

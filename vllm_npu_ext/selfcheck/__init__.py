@@ -68,7 +68,10 @@ def _run_model_part(target, args, plan, reporter) -> None:
     if args.model is not None:
         runs.append((args.model.name, args.model, args.model_dtype))
     for label, model_dir, dtype in runs:
-        for result in check_model(label, model_dir, dtype, target.emulated, args.workdir):
+        results = check_model(
+            label, model_dir, dtype, target.emulated, args.workdir, plan.compiled_engine
+        )
+        for result in results:
             reporter.add(result)
 
 

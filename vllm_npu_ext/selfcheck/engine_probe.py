@@ -1,7 +1,7 @@
 """One vLLM embedding engine with the plugin, in its own process; saves what selfcheck compares.
 
     python -m vllm_npu_ext.selfcheck.engine_probe --model DIR --dtype auto --out FILE \\
-        --texts '["a", "b"]' [--emulate]
+        --texts '["a", "b"]' [--emulate] [--compiled]
 
 A fresh process per checkpoint keeps each engine's global state (distributed groups,
 device memory) apart. The engine runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`)
@@ -14,6 +14,11 @@ in one call and of each text alone, float32 CPU `[B, H]`), `variants` (forward_p
 last-token embeddings per fusion configuration: all_on, all_off, no_<fusion>; on an
 exception `variants_error` says why) and
 `fused_calls` (calls of each fused torch_npu operator during the batch embed).
+
+The engine runs eagerly (`--enforce-eager`) so that the fused-call counts see every call a
+Python forward makes. `--compiled` instead runs vLLM's default graph mode (on Ascend:
+piecewise ACL graphs around our attention op) and saves `batch`, `single` and what
+torch.compile did (`compile`: graph breaks and their reasons, graphs compiled).
 """
 
 from __future__ import annotations
@@ -123,11 +128,16 @@ def _count_fused_calls(emulate: bool) -> CallCounter:
     return CallCounter(module, [*FUSED_OPERATORS.values(), *ATTENTION_OPERATORS])
 
 
-def build_llm(model: str, dtype: str, emulate: bool, **engine_args):
+def build_llm(model: str, dtype: str, emulate: bool, compiled: bool = False, **engine_args):
     """An in-process pooling engine; emulated: the emulator goes in before vLLM is imported.
 
+    Eager by default (`enforce_eager`): `CallCounter` sees only the calls a Python forward
+    makes, and the tests switch one engine between paths. `compiled`: vLLM's default graph
+    mode, traced in this process (compile cache off), so `compile_counters()` describes it.
     `engine_args` override the defaults given to `vllm.LLM`."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if compiled:
+        os.environ["VLLM_DISABLE_COMPILE_CACHE"] = "1"
     if emulate:
         from vllm_npu_ext import emulator
 
@@ -136,7 +146,7 @@ def build_llm(model: str, dtype: str, emulate: bool, **engine_args):
 
     args = dict(
         model=model, runner="pooling", convert="embed", dtype=dtype,
-        max_model_len=MAX_MODEL_LEN, seed=0, enforce_eager=True,
+        max_model_len=MAX_MODEL_LEN, seed=0, enforce_eager=not compiled,
     )  # fmt: skip
     if emulate:
         args["gpu_memory_utilization"] = EMULATED_MEMORY_UTILIZATION
@@ -165,6 +175,27 @@ def probe(llm, texts: Sequence[str], emulate: bool) -> dict:
     return results
 
 
+def compile_counters() -> dict:
+    """What torch.compile did in this process (the engine core runs here): graph breaks with
+    their reasons, graphs compiled (a recompilation adds one), operator calls captured."""
+    from torch._dynamo.utils import counters
+
+    return {
+        "graph_breaks": sum(counters["graph_break"].values()),
+        "break_reasons": sorted(counters["graph_break"]),
+        "unique_graphs": counters["stats"]["unique_graphs"],
+        "calls_captured": counters["stats"]["calls_captured"],
+    }
+
+
+def probe_compiled(llm, texts: Sequence[str]) -> dict:
+    """Compiled engine: `batch` and `single` embeddings (one batch shape per text, plus the
+    batch) and `compile_counters()` after all of them."""
+    batch = embed(llm, texts)
+    single = torch.cat([embed(llm, [text]) for text in texts])
+    return {"batch": batch, "single": single, "compile": compile_counters()}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m vllm_npu_ext.selfcheck.engine_probe")
     parser.add_argument("--model", required=True)
@@ -172,9 +203,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--texts", required=True, help="JSON list of texts")
     parser.add_argument("--emulate", action="store_true")
+    parser.add_argument("--compiled", action="store_true", help="vLLM's default graph mode")
     args = parser.parse_args(argv)
-    llm = build_llm(args.model, args.dtype, args.emulate)
-    torch.save(probe(llm, json.loads(args.texts), args.emulate), args.out)
+    llm = build_llm(args.model, args.dtype, args.emulate, compiled=args.compiled)
+    texts = json.loads(args.texts)
+    results = probe_compiled(llm, texts) if args.compiled else probe(llm, texts, args.emulate)
+    torch.save(results, args.out)
     return 0
 
 

@@ -12,6 +12,9 @@ the CPU in float32 (last token, L2-normalised), against `min_embedding_cosine(en
 - forward_packed[<config>]-vs-hf: the loaded model with all fusions, none, and each one off
   (a fusion whose "no_" variant passes while all_on fails is the broken one);
 - fused-vs-unfused: all fusions vs none on the same device;
+- with the full plan, a second engine in vLLM's default graph mode (on Ascend: piecewise ACL
+  graphs around our attention op): compiled-graph (no graph break), compiled-vs-hf,
+  compiled-vs-eager, compiled-batch-vs-single;
 - INFO hf-<dtype>-vs-hf-fp32: Hugging Face itself in the engine dtype on the CPU, the size of
   the gap that dtype alone opens (no verdict).
 """
@@ -53,13 +56,15 @@ class EngineRunError(RuntimeError):
     """The engine child failed; the message names its log."""
 
 
-def run_engine(model_dir: Path, dtype: str, emulate: bool, stem: Path) -> dict[str, Any]:
+def run_engine(
+    model_dir: Path, dtype: str, emulate: bool, stem: Path, compiled: bool = False
+) -> dict[str, Any]:
     """Run `engine_probe` on `model_dir`; its results, or EngineRunError with the log's tail."""
     out, log = stem.with_suffix(".pt"), stem.with_suffix(".log")
     command = [
         sys.executable, "-m", "vllm_npu_ext.selfcheck.engine_probe", "--model", str(model_dir),
         "--dtype", dtype, "--out", str(out), "--texts", json.dumps(list(TEXTS)),
-    ] + (["--emulate"] if emulate else [])  # fmt: skip
+    ] + (["--emulate"] if emulate else []) + (["--compiled"] if compiled else [])  # fmt: skip
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     try:
         with open(log, "w", encoding="utf-8") as log_file:
@@ -93,6 +98,18 @@ def cosine_result(base: dict, check: str, actual, expected, min_cos: float | Non
     return CheckResult("model", "PASS" if worst >= min_cos else "FAIL", fields)
 
 
+def _compiled_check(base, engine, eager_run, hf32, min_cos) -> list[CheckResult]:
+    model_dir, dtype, emulate, workdir = engine
+    stem = workdir / f"engine-{base['model']}-{dtype}-compiled"
+    try:
+        compiled = run_engine(model_dir, dtype, emulate, stem, compiled=True)
+    except EngineRunError as error:
+        message, *tail = str(error).splitlines()
+        fields = {**base, "check": "compiled-engine", "error": message}
+        return [CheckResult("model", "FAIL", fields, tail)]
+    return compiled_results(base, compiled, eager_run["batch"], hf32, min_cos)
+
+
 def _our_model_result(base: dict, run: dict[str, Any]) -> CheckResult:
     path = run["npu_path"]
     ours = OUR_MODEL_CLASS in run["model_classes"]
@@ -118,10 +135,30 @@ def _fused_calls_result(base: dict, run: dict[str, Any]) -> CheckResult:
     return CheckResult("model", "FAIL" if missing or not path["active"] else "PASS", fields)
 
 
-def check_model(
-    label: str, model_dir: Path, dtype: str, emulate: bool, workdir: Path
+def compiled_results(
+    base: dict, compiled: dict[str, Any], eager: torch.Tensor, hf32: torch.Tensor, min_cos: float
 ) -> list[CheckResult]:
-    """Every whole-model check for one checkpoint and engine dtype ("auto": the config's)."""
+    """The compiled engine: no graph break, embeddings equal to Hugging Face and to eager."""
+    counters = compiled["compile"]
+    fields = {**base, "check": "compiled-graph", "graph_breaks": counters["graph_breaks"],
+              "graphs": counters["unique_graphs"]}  # fmt: skip
+    details = [f"graph break: {reason}" for reason in counters["break_reasons"]]
+    verdict = "PASS" if counters["graph_breaks"] == 0 else "FAIL"
+    return [
+        CheckResult("model", verdict, fields, details),
+        cosine_result(base, "compiled-vs-hf", compiled["batch"], hf32, min_cos),
+        cosine_result(base, "compiled-vs-eager", compiled["batch"], eager, min_cos),
+        cosine_result(base, "compiled-batch-vs-single", compiled["batch"], compiled["single"],
+                      min_cos),
+    ]  # fmt: skip
+
+
+def check_model(
+    label: str, model_dir: Path, dtype: str, emulate: bool, workdir: Path,
+    compiled: bool = False,
+) -> list[CheckResult]:
+    """Every whole-model check for one checkpoint and engine dtype ("auto": the config's);
+    `compiled`: also a second engine in vLLM's default graph mode (`compiled_results`)."""
     base: dict[str, Any] = {"model": label, "dtype": dtype}
     try:
         run = run_engine(model_dir, dtype, emulate, workdir / f"engine-{label}-{dtype}")
@@ -149,6 +186,8 @@ def check_model(
     if variants:
         fused, unfused = variants["all_on"], variants["all_off"]
         results.append(cosine_result(base, "fused-vs-unfused", fused, unfused, min_cos))
+    if compiled:
+        results += _compiled_check(base, (model_dir, dtype, emulate, workdir), run, hf32, min_cos)
     if engine_dtype != torch.float32:
         check = f"hf-{dtype_name(engine_dtype)}-vs-hf-fp32"
         hf_in_dtype = hf_embeddings(model_dir, TEXTS, engine_dtype)

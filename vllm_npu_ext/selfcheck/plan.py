@@ -21,7 +21,8 @@ class Plan:
     tokens: tokens per token-wise op case; seq_lens_sets: packed attention batches;
     shard_counts: CP merge shard counts; unit_grid: also the small unit cases;
     bench_*: micro-benchmark sizes and repeats; tiny_runs: (TINY_MODELS name, engine dtype)
-    of each tiny-model engine.
+    of each tiny-model engine; compiled_engine: each model also in a compiled engine (vLLM's
+    default graph mode).
     """
 
     name: str
@@ -36,6 +37,7 @@ class Plan:
     bench_warmup: int
     bench_repeats: int
     tiny_runs: tuple[tuple[str, str], ...]
+    compiled_engine: bool
 
     def op_cases(self, custom_kernel: bool) -> list[OpCase]:
         """Qwen3-Embedding layer cases (and the unit grid); our custom op only if installed."""
@@ -68,7 +70,10 @@ class Plan:
             )
         if "model" in parts:
             tiny = " + ".join(f"{name} ({dtype})" for name, dtype in self.tiny_runs)
-            described.append("model " + (f"{tiny} + {model_label}" if model_label else tiny))
+            engines = ", eager and compiled engines" if self.compiled_engine else ""
+            described.append(
+                "model " + (f"{tiny} + {model_label}" if model_label else tiny) + engines
+            )
         if "bench" in parts:
             described.append(
                 f"bench {'/'.join(self.bench_models)} at "
@@ -90,9 +95,11 @@ FULL = Plan(
     bench_warmup=3,
     bench_repeats=10,
     tiny_runs=(("tiny", "bfloat16"), ("tiny", "float32"), ("tiny-d128", "bfloat16")),
+    compiled_engine=True,
 )
 
-# For CI under the emulator (2 cores): the 0.6B shapes, few tokens, one engine.
+# For CI under the emulator (2 cores): the 0.6B shapes, few tokens, one (eager) engine; the
+# compiled engine is tested by tests/test_graph_mode.py there.
 QUICK = Plan(
     name="quick",
     models=("0.6b",),
@@ -106,4 +113,5 @@ QUICK = Plan(
     bench_warmup=1,
     bench_repeats=3,
     tiny_runs=(("tiny", "bfloat16"),),
+    compiled_engine=False,
 )

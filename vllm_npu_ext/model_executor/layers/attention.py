@@ -3,7 +3,9 @@
 On the platform path this is vLLM's Qwen3 attention (its modules and kernels). On the NPU
 path every step maps to one torch_npu operator: q/k/v from one grouped matmul on
 pre-transposed weights (or one merged matmul), `npu_rms_norm` per head, `npu_rotary_mul`,
-then `npu_fused_infer_attention_score` on the packed batch (TND, native GQA).
+then `npu_fused_infer_attention_score` on the packed batch (TND, native GQA). Without a KV
+cache, attention is the op `vllm_npu_ext::cache_free_attention` (`cache_free_op`), which reads
+the batch's sequence boundaries itself and at which vLLM splits its compiled graphs.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import QKVParallelLinear, RowParallelLinear
 from vllm.model_executor.layers.rotary_embedding import get_rope
 
-from vllm_npu_ext.model_executor.layers import fused
+from vllm_npu_ext.model_executor.layers import cache_free_op, fused
 from vllm_npu_ext.model_executor.layers.cache_free_attention import CacheFreeCausalAttention
 from vllm_npu_ext.model_executor.layers.npu_step import NpuStep
 from vllm_npu_ext.ops import attention, linear, rotary
@@ -53,6 +55,7 @@ class Qwen3Attention(nn.Module):
             max_position=config.max_position_embeddings,
             rope_parameters=getattr(config, "rope_parameters", None),
         )
+        self.cache_free = cache_free
         attn_cls = CacheFreeCausalAttention if cache_free else Attention
         self.attn = attn_cls(
             self.num_heads, self.head_dim, self.scaling, num_kv_heads=self.num_kv_heads,
@@ -87,13 +90,18 @@ class Qwen3Attention(nn.Module):
         q = rotary.apply_rotary(q, step.cos, step.sin, npu=step.ops("rotary"))
         k = rotary.apply_rotary(k, step.cos, step.sin, npu=step.ops("rotary"))
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
-        if step.seqs is None:  # KV cache present: vLLM's attention layer owns it
-            out = self.attn(q.view(tokens, -1), k.view(tokens, -1), v.view(tokens, -1))
-        else:
+        if step.seqs is not None:  # explicit boundaries (forward_packed)
             out = attention.varlen_attention(
                 q, k, v, step.seqs, self.scaling,
                 npu=step.ops("attention"), operator=step.fusions.attention_op,
             ).view(tokens, -1)  # fmt: skip
+        elif self.cache_free:  # the op reads the batch's boundaries; graphs split around it
+            out = cache_free_op.cache_free_attention(
+                q, k, v, self.attn.layer_name, self.scaling,
+                step.fusions.attention, step.fusions.attention_op,
+            ).view(tokens, -1)  # fmt: skip
+        else:  # KV cache present: vLLM's attention layer owns it
+            out = self.attn(q.view(tokens, -1), k.view(tokens, -1), v.view(tokens, -1))
         return fused.project(self.o_proj, out, step)
 
     def _project_qkv(self, hidden_states: torch.Tensor, step: NpuStep):

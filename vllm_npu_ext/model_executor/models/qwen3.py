@@ -44,13 +44,15 @@ from vllm.model_executor.models.utils import (
 )
 from vllm.sequence import IntermediateTensors
 
-from vllm_npu_ext import compat
+from vllm_npu_ext import compat, envs
 from vllm_npu_ext.envs import FusionConfig
 from vllm_npu_ext.logger import get_logger
 from vllm_npu_ext.model_executor.layers import fused
 from vllm_npu_ext.model_executor.layers.attention import Qwen3Attention
+from vllm_npu_ext.model_executor.layers.cache_free_op import SPLITTING_OP
 from vllm_npu_ext.model_executor.layers.mlp import Qwen3MLP
 from vllm_npu_ext.model_executor.layers.npu_step import NpuStep, RotaryTables
+from vllm_npu_ext.model_executor.models import qwen3_config
 from vllm_npu_ext.ops import attention, dispatch, linear
 from vllm_npu_ext.ops.packed import PackedSeqs
 
@@ -111,9 +113,13 @@ def _fusions_for(dtype: torch.dtype, attn: Qwen3Attention) -> tuple[FusionConfig
     return fusions, notes
 
 
-def _platform_compiles(vllm_config: VllmConfig) -> bool:
-    # The NPU path reads host-side sequence lengths each step; it runs eagerly.
-    return not compat.npu_path_expected()
+def _compiles(vllm_config: VllmConfig) -> bool:
+    """Whether vLLM may compile the model (both paths; `--enforce-eager` still wins).
+
+    The NPU path is traceable: host-side sequence lengths are read only inside the attention
+    op (`cache_free_op`), where vLLM splits the graph. `VLLM_NPU_EXT_COMPILE=0` runs it eagerly.
+    """
+    return envs.flag(envs.COMPILE_SWITCH)
 
 
 @support_torch_compile(
@@ -123,7 +129,7 @@ def _platform_compiles(vllm_config: VllmConfig) -> bool:
         "intermediate_tensors": 0,
         "inputs_embeds": 0,
     },
-    enable_if=_platform_compiles,
+    enable_if=_compiles,
 )
 class Qwen3Model(nn.Module):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "", cache_free: bool = False):
@@ -131,6 +137,7 @@ class Qwen3Model(nn.Module):
         config = vllm_config.model_config.hf_config.get_text_config()
         self.config = config
         self.cache_free = cache_free
+        self.model_dtype = vllm_config.model_config.dtype
         self.npu_possible = compat.npu_path_expected()
         self.rotary_tables = RotaryTables()
         pp_group = get_pp_group()
@@ -148,7 +155,7 @@ class Qwen3Model(nn.Module):
             prefix=f"{prefix}.layers",
         )
         first_attention = self.layers[self.start_layer].self_attn
-        self.fusions, notes = _fusions_for(vllm_config.model_config.dtype, first_attention)
+        self.fusions, notes = _fusions_for(self.model_dtype, first_attention)
         for note in notes if self.npu_possible else ():
             logger.info("vllm-npu-ext: %s", note)
         self.norm = (
@@ -180,11 +187,7 @@ class Qwen3Model(nn.Module):
             residual = intermediate_tensors["residual"]
         step = None
         if self.npu_possible and (npu := dispatch.npu_ops(hidden_states)) is not None:
-            seqs = None
-            if self.cache_free:
-                layer_name = self.layers[self.start_layer].self_attn.attn.layer_name
-                seqs = compat.packed_seqs_for_layer(layer_name, hidden_states.shape[0])
-            step = self.npu_step(npu, positions, hidden_states.dtype, seqs, self.fusions)
+            step = self.npu_step(npu, positions, hidden_states.dtype, None, self.fusions)
         hidden_states, residual = self._run_layers(positions, hidden_states, residual, step)
         if not get_pp_group().is_last_rank:
             return IntermediateTensors({"hidden_states": hidden_states, "residual": residual})
@@ -192,7 +195,10 @@ class Qwen3Model(nn.Module):
         return hidden_states
 
     def npu_step(self, npu, positions, dtype, seqs, fusions: FusionConfig) -> NpuStep:
-        """The NPU path's per-forward state: rotary tables gathered once for all layers."""
+        """The NPU path's per-forward state: rotary tables gathered once for all layers.
+
+        `seqs`: explicit sequence boundaries (`forward_packed`), or None (vLLM's forward).
+        """
         rotary_emb = self.layers[self.start_layer].self_attn.rotary_emb
         cos, sin = self.rotary_tables.gather(rotary_emb.cos_sin_cache, positions, dtype)
         return NpuStep(npu, fusions, cos, sin, seqs)
@@ -242,7 +248,10 @@ class Qwen3Model(nn.Module):
         return loaded
 
     def prepare_npu_weights(self) -> None:
-        """NPU-path weight layouts, made once after loading (before platform post-processing)."""
+        """NPU-path weight layouts and rotary tables, made once after loading (before platform
+        post-processing), so that a compiled forward only reads them."""
+        rotary_emb = self.layers[self.start_layer].self_attn.rotary_emb
+        self.rotary_tables.prepare(rotary_emb.cos_sin_cache, self.model_dtype)
         if self.fusions.grouped_qkv:
             for layer in islice(self.layers, self.start_layer, self.end_layer):
                 layer.self_attn.prepare_npu_weights()
@@ -285,6 +294,8 @@ class Qwen3ForCausalLM(nn.Module, SupportsPP):
             self.lm_head = PPMissingLayer()
         self.logits_processor = LogitsProcessor(config.vocab_size)
         self.make_empty_intermediate_tensors = self.model.make_empty_intermediate_tensors
+        if cache_free and self.model.npu_possible:
+            qwen3_config.check_graph_mode(vllm_config, _compiled(self.model))
         _log_built(self, cache_free, pooling)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -317,20 +328,18 @@ def _cache_free_allowed(vllm_config: VllmConfig) -> bool:
     vLLM turns both off for our cache-free pooling class unless the user asked for them;
     then the user's choice wins and pooling keeps the KV cache.
     """
-    wanted = [
-        flag
-        for flag, on in (
-            ("--enable-prefix-caching", vllm_config.cache_config.enable_prefix_caching),
-            ("--enable-chunked-prefill", vllm_config.scheduler_config.enable_chunked_prefill),
-        )
-        if on
-    ]
+    wanted = qwen3_config.kv_cache_features(vllm_config)
     if wanted:
         logger.warning(
             "vllm-npu-ext: %s requested, so pooling keeps the KV cache (cache-free pooling "
             "cannot serve it)", " and ".join(wanted),
         )  # fmt: skip
     return not wanted
+
+
+def _compiled(model: Qwen3Model) -> bool:
+    """Whether vLLM's `support_torch_compile` will compile this model's forward."""
+    return not getattr(model, "do_not_compile", True)
 
 
 def _log_built(model: nn.Module, cache_free: bool, pooling: bool) -> None:
@@ -343,7 +352,13 @@ def _log_built(model: nn.Module, cache_free: bool, pooling: bool) -> None:
     else:
         from vllm.platforms import current_platform
 
-        backend = f"platform kernels ({current_platform.device_type}), torch.compile per vLLM"
+        backend = f"platform kernels ({current_platform.device_type})"
+    if not _compiled(inner):
+        backend += "; eager (not compiled)"
+    elif inner.npu_possible and cache_free:
+        backend += f"; compiled by vLLM, attention ({SPLITTING_OP}) between the graphs"
+    else:
+        backend += "; compiled by vLLM"
     if not pooling:
         attention = "KV cache (generation)"
     else:

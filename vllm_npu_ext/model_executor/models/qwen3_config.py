@@ -1,0 +1,134 @@
+"""Graph modes for cache-free pooling runs of our Qwen3: vLLM's per-architecture config hook
+and the start-up check.
+
+Cache-free attention (`layers.cache_free_op`) reads each batch's sequence boundaries on the
+host, so it must run outside every captured graph: piecewise graphs split at it; full graphs
+would replay the boundaries they captured (and vllm-ascend 0.23's full-graph warm-up indexes a
+block table that a model without a KV cache lacks: `_dummy_run(force_attention=True)`,
+`worker/model_runner_v1.py:3535-3538`).
+
+- Default on Ascend (vLLM 0.23, vllm-ascend 0.23): mode VLLM_COMPILE with PIECEWISE graphs.
+  O2 asks for FULL_AND_PIECEWISE (`vllm/config/vllm.py:257`), and vLLM turns every full mode
+  of a pooling model into PIECEWISE on platforms with static graphs, Ascend included
+  (`vllm/config/vllm.py:1218-1229`, before the platform's `check_and_update_config`).
+- `Qwen3GraphModeHook` runs first in `VllmConfig.__post_init__` (`MODELS_CONFIG_MAP`, vLLM 0.23
+  `config/vllm.py:856,1880-1900`; 0.32 `:1443,2629-2660`), for pooling runs of our cache-free
+  class only. It turns a full mode the user forced into PIECEWISE (as 0.23 does, and as later
+  versions might not), puts our op among vLLM's default splitting ops (`_attention_ops`, copied
+  when `splitting_ops` is unset: 0.23 `config/compilation.py:1121-1130`, 0.32 `:1166-1177`;
+  vllm-ascend's PIECEWISE branch calls the same fill, `platform.py:599-622`), and adds it to a
+  list the user gave.
+- `check_graph_mode` runs when the model is built (after every config change, platform ones
+  included, before any warm-up) and raises a clear ValueError if a full mode or a piecewise
+  split without our op survived, e.g. vllm-ascend's xlite decode-only mode, which sets
+  FULL_DECODE_ONLY after vLLM's override (`vllm_ascend/platform.py:517-525`), or if
+  vllm-ascend's profiling-based chunking would force attention in a dummy run.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from vllm_npu_ext import compat, envs
+from vllm_npu_ext.logger import get_logger
+from vllm_npu_ext.model_executor.layers.cache_free_op import SPLITTING_OP
+from vllm_npu_ext.patches import vllm_model_registry
+
+logger = get_logger(__name__)
+
+ARCHITECTURE = "Qwen3ForCausalLM"  # the checkpoint name vLLM keys MODELS_CONFIG_MAP with
+CACHE_FREE_SWITCH = "VLLM_NPU_EXT_KV_CACHE_FREE"
+
+
+def kv_cache_features(vllm_config: Any) -> list[str]:
+    """The flags asking for what only a KV cache can serve (prefix caching, chunked prefill)."""
+    return [
+        flag
+        for flag, on in (
+            ("--enable-prefix-caching", vllm_config.cache_config.enable_prefix_caching),
+            ("--enable-chunked-prefill", vllm_config.scheduler_config.enable_chunked_prefill),
+        )
+        if on
+    ]
+
+
+def cache_free_pooling(vllm_config: Any) -> bool:
+    """Whether this run gets our cache-free Qwen3 (a pooling run, nothing needing a KV cache)."""
+    model_config = vllm_config.model_config
+    if model_config is None or getattr(model_config, "runner_type", None) != "pooling":
+        return False
+    if not vllm_model_registry.ours_for(model_config) or not envs.flag(CACHE_FREE_SWITCH):
+        return False
+    return not kv_cache_features(vllm_config)
+
+
+class Qwen3GraphModeHook:
+    """`MODELS_CONFIG_MAP[ARCHITECTURE]`: vLLM calls it for every run of that architecture."""
+
+    previous: ClassVar[Any] = None  # the entry this one replaced (none in 0.23 and 0.32)
+
+    @classmethod
+    def verify_and_update_config(cls, vllm_config: Any) -> None:
+        if cls.previous is not None:
+            cls.previous.verify_and_update_config(vllm_config)
+        if cache_free_pooling(vllm_config):
+            keep_attention_outside_graphs(vllm_config.compilation_config)
+
+    @classmethod
+    def verify_and_update_model_config(cls, model_config: Any) -> None:
+        if cls.previous is not None:
+            cls.previous.verify_and_update_model_config(model_config)
+
+
+def keep_attention_outside_graphs(compilation_config: Any) -> None:
+    """Full modes -> PIECEWISE; our op joins the splitting ops (default and user-given)."""
+    mode = compilation_config.cudagraph_mode
+    if mode is not None and mode.has_full_cudagraphs():
+        logger.warning(
+            "vllm-npu-ext: cudagraph_mode %s would capture cache-free attention, whose sequence "
+            "lengths change every batch; using PIECEWISE (graphs around attention). "
+            "%s=0 keeps vLLM's attention with a KV cache instead.", mode.name, CACHE_FREE_SWITCH,
+        )  # fmt: skip
+        compilation_config.cudagraph_mode = compat.piecewise_mode()
+    compat.add_default_splitting_op(SPLITTING_OP)
+    ops = compilation_config.splitting_ops
+    if ops and SPLITTING_OP not in ops:
+        logger.info("vllm-npu-ext: splitting_ops given; adding %s", SPLITTING_OP)
+        ops.append(SPLITTING_OP)
+
+
+def check_graph_mode(vllm_config: Any, compiled: bool) -> None:
+    """ValueError when graphs would capture cache-free attention (the config is final here),
+    or when vllm-ascend would force attention in a dummy run of a model without a KV cache."""
+    additional = getattr(vllm_config, "additional_config", None)
+    profiling = additional.get("profiling_chunk_config") if isinstance(additional, dict) else None
+    if isinstance(profiling, dict) and profiling.get("enabled"):
+        # NPUWorker.profile_prefill_latency -> _dummy_run(force_attention=True) indexes the
+        # block table of every KV-cache group (vllm_ascend/worker/worker.py:808-851,
+        # model_runner_v1.py:3535-3538): none exists for cache-free pooling.
+        raise ValueError(
+            "vllm-npu-ext: profiling_chunk_config needs a KV cache; set "
+            f"{CACHE_FREE_SWITCH}=0 (pooling with vLLM's KV cache) or leave it off"
+        )
+    compilation_config = vllm_config.compilation_config
+    mode = compilation_config.cudagraph_mode
+    if mode is not None and mode.has_full_cudagraphs():
+        raise ValueError(
+            f"vllm-npu-ext: cudagraph_mode {mode.name} captures whole forward passes, which "
+            "cache-free pooling cannot replay (its attention takes each batch's sequence "
+            "lengths on the host). Use --compilation-config '{\"cudagraph_mode\": \"PIECEWISE\"}' "
+            f"or {CACHE_FREE_SWITCH}=0 (vLLM's attention with a KV cache)."
+        )
+    ops = compilation_config.splitting_ops
+    piecewise = compiled and mode is not None and mode.has_piecewise_cudagraphs()
+    if piecewise and ops and SPLITTING_OP not in ops:
+        raise ValueError(
+            f"vllm-npu-ext: piecewise graphs split at {ops}, not at {SPLITTING_OP}, so they "
+            "would capture cache-free attention; add it to splitting_ops"
+        )
+
+
+def install() -> str:
+    """Register the hook (idempotent); returns a line for register()'s log."""
+    Qwen3GraphModeHook.previous = compat.install_config_hook(ARCHITECTURE, Qwen3GraphModeHook)
+    return f"graph-mode hook for {ARCHITECTURE} pooling runs"
