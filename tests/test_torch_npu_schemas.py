@@ -60,15 +60,21 @@ def test_extractor_writes_json_from_a_wheel(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def pinned_wheel(request) -> Path:
+def pinned_wheel(request, tmp_path_factory) -> Path:
     """The pinned torch-npu wheel: TORCH_NPU_WHEEL if set, else pip-downloaded into pytest's
-    cache (about 40 MB, once). A failed download fails the test with pip's message."""
+    cache (about 40 MB, once; a temporary directory when the cache plugin is off). A failed
+    download fails the test with pip's message."""
     local = os.environ.get("TORCH_NPU_WHEEL")
     if local:
         if not Path(local).is_file():
             pytest.fail(f"TORCH_NPU_WHEEL={local} is not a file")
         return Path(local)
-    cache = request.config.cache.mkdir("torch_npu_wheel")
+    pytest_cache = getattr(request.config, "cache", None)
+    cache = (
+        pytest_cache.mkdir("torch_npu_wheel")
+        if pytest_cache is not None
+        else tmp_path_factory.mktemp("torch_npu_wheel")
+    )
     try:
         return extractor.download(extractor.PINNED_VERSION, cache)
     except RuntimeError as error:
