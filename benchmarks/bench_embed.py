@@ -178,8 +178,8 @@ def _fill_defaults(args: argparse.Namespace) -> None:
 class Bench:
     """The running sides' processes and everything measured so far."""
 
-    def __init__(self, args, model: Path, work_dir: Path):
-        self.args, self.model, self.work_dir = args, model, work_dir
+    def __init__(self, args, model: Path, work_dir: Path, worker: Path = WORKER):
+        self.args, self.model, self.work_dir, self.worker = args, model, work_dir, worker
         self.workers: dict[str, Worker] = {}
         self.results: dict[str, dict] = {}
 
@@ -191,7 +191,7 @@ class Bench:
             "gpu_memory_utilization": self.args.gpu_memory_utilization,
             "emulate": self.args.emulate and side.name not in ("stock", "hf"),
         }  # fmt: skip
-        worker = Worker([str(WORKER), json.dumps(spec)], side.env,
+        worker = Worker([str(self.worker), json.dumps(spec)], side.env,
                         self.work_dir / f"{side.name}.log", self.args.timeout)  # fmt: skip
         self.workers[side.name] = worker
         check_side(side, worker.ready)
