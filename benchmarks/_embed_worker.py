@@ -173,19 +173,25 @@ def warmup(side, maker: TextMaker, command: dict) -> dict:
 
 
 def timed_pass(side, maker: TextMaker, command: dict) -> dict:
-    scenario, batch_size, repeat = command["scenario"], command["batch_size"], command["repeat"]
-    seed = pass_seed(scenario["name"], batch_size, repeat)
+    scenario, batch_size = command["scenario"], command["batch_size"]
+    seed = pass_seed(scenario["name"], batch_size, command["repeat"])
     texts = scenario_texts(maker, scenario, scenario["texts_per_pass"], seed)
+    tokens = maker.count_tokens(texts)
+    return pass_record(command, lambda: side.embed(texts, batch_size), len(texts), tokens)
+
+
+def pass_record(command: dict, run, count: int, tokens: int) -> dict:
+    """Time `run()`, which must return `count` results, as the pass `command` asks for."""
+    scenario, batch_size, repeat = command["scenario"], command["batch_size"], command["repeat"]
     start = time.perf_counter()
-    vectors = side.embed(texts, batch_size)
+    results = run()
     seconds = time.perf_counter() - start
-    if len(vectors) != len(texts):
-        raise RuntimeError(f"{len(texts)} texts gave {len(vectors)} embeddings")
+    if len(results) != count:
+        raise RuntimeError(f"{count} inputs gave {len(results)} results")
     print(f"{scenario['name']} bs={batch_size} #{repeat}: {seconds:.2f} s", flush=True)
     return {
         "scenario": scenario["name"], "batch_size": batch_size, "repeat": repeat,
-        "texts": len(texts), "tokens": maker.count_tokens(texts), "seconds": seconds,
-        "load": os.getloadavg()[0],
+        "texts": count, "tokens": tokens, "seconds": seconds, "load": os.getloadavg()[0],
     }  # fmt: skip
 
 
@@ -197,13 +203,14 @@ def check(side, maker: TextMaker, command: dict) -> dict:
 COMMANDS = {"warmup": warmup, "pass": timed_pass, "check": check}
 
 
-def serve(build_side, commands: dict) -> None:
-    """Build the side from the spec in argv[1], answer one line, then serve `commands`."""
+def serve(sides: dict, commands: dict) -> None:
+    """Build the side of the spec in argv[1] (`sides[spec["kind"]](spec)`), answer one line,
+    then serve `commands`."""
     spec = json.loads(sys.argv[1])
     replies = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # vLLM logs to stdout; keep that for replies only
     start = time.perf_counter()
-    side = build_side(spec)
+    side = sides[spec["kind"]](spec)
     startup_seconds = time.perf_counter() - start
     maker = TextMaker(spec["model"])
     print(json.dumps({"startup_seconds": startup_seconds, **side.info()}), file=replies)
@@ -215,9 +222,5 @@ def serve(build_side, commands: dict) -> None:
     print(json.dumps({"peak_rss_gib": peak_rss_gib()}), file=replies)
 
 
-def build_side(spec: dict):
-    return VllmSide(spec) if spec["kind"] == "vllm" else HfSide(spec)
-
-
 if __name__ == "__main__":
-    serve(build_side, COMMANDS)
+    serve({"vllm": VllmSide, "hf": HfSide}, COMMANDS)

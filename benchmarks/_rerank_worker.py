@@ -18,15 +18,13 @@ for every pass, the same on every side). `texts` in a pass record counts pairs.
 
 from __future__ import annotations
 
-import os
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import TextMaker, chunks, pass_seed  # noqa: E402
-from _embed_worker import HfSide, VllmSide, serve  # noqa: E402
+from _embed_worker import HfSide, VllmSide, pass_record, serve  # noqa: E402
 
 from vllm_npu_ext import reranker  # noqa: E402
 
@@ -97,21 +95,12 @@ def warmup(side, maker: TextMaker, command: dict) -> dict:
 
 
 def timed_pass(side, maker: TextMaker, command: dict) -> dict:
-    scenario, batch_size, repeat = command["scenario"], command["batch_size"], command["repeat"]
+    scenario, batch_size = command["scenario"], command["batch_size"]
     count = scenario["pairs_per_pass"]
-    groups = pass_groups(maker, scenario, count, batch_size,
-                         pass_seed(scenario["name"], batch_size, repeat))  # fmt: skip
-    start = time.perf_counter()
-    scores = side.score(groups, batch_size)
-    seconds = time.perf_counter() - start
-    if len(scores) != count:
-        raise RuntimeError(f"{count} pairs gave {len(scores)} scores")
-    print(f"{scenario['name']} bs={batch_size} #{repeat}: {seconds:.2f} s", flush=True)
-    return {
-        "scenario": scenario["name"], "batch_size": batch_size, "repeat": repeat,
-        "texts": count, "tokens": prompt_tokens(maker, groups), "seconds": seconds,
-        "load": os.getloadavg()[0],
-    }  # fmt: skip
+    seed = pass_seed(scenario["name"], batch_size, command["repeat"])
+    groups = pass_groups(maker, scenario, count, batch_size, seed)
+    tokens = prompt_tokens(maker, groups)
+    return pass_record(command, lambda: side.score(groups, batch_size), count, tokens)
 
 
 def check(side, maker: TextMaker, command: dict) -> dict:
@@ -123,9 +112,5 @@ def check(side, maker: TextMaker, command: dict) -> dict:
 COMMANDS = {"warmup": warmup, "pass": timed_pass, "check": check}
 
 
-def build_side(spec: dict):
-    return VllmRerankSide(spec) if spec["kind"] == "vllm" else HfRerankSide(spec)
-
-
 if __name__ == "__main__":
-    serve(build_side, COMMANDS)
+    serve({"vllm": VllmRerankSide, "hf": HfRerankSide}, COMMANDS)

@@ -25,32 +25,33 @@ Output: markdown tables, then, as the last line, one JSON object with `plugin_vs
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import log, markdown_table  # noqa: E402
-from _embed_report import GIB, json_safe, load_average, paired_ratios, ratio, throughput  # noqa: E402
-from bench_embed import Bench, side_catalogue  # noqa: E402
+from _common import markdown_table  # noqa: E402
+from _embed_report import (  # noqa: E402
+    GIB,
+    json_safe,
+    load_average,
+    paired_ratios,
+    ratio,
+    throughput,
+)
+from bench_embed import (  # noqa: E402
+    Bench,
+    add_run_arguments,
+    built_model,
+    execute,
+    positive_ints,
+    side_catalogue,
+)
 
 WORKER = Path(__file__).resolve().parent / "_rerank_worker.py"
 SIDES = ("plugin", "stock", "hf")
 TARGETS = {"plugin_vs_stock": 1.0, "plugin_vs_hf": 1.2}
-
-
-def default_model(quick: bool) -> Path:
-    from vllm_npu_ext.tiny_model import cache_dir, make_tiny_model
-
-    preset = "reranker" if quick else "reranker-0.6b"
-    path = cache_dir() / f"bench-{preset}"
-    if not (path / "model.safetensors").exists():
-        log(f"building the {preset} checkpoint in {path}")
-        make_tiny_model(path, preset=preset)
-    return path
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -58,21 +59,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="tiny reranker, fewer passes")
     parser.add_argument("--model", type=Path, help="checkpoint dir (default: a built one)")
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--batch-sizes", type=_ints, help="documents per query (1,8,32)")
+    parser.add_argument("--batch-sizes", type=positive_ints,
+                        help="documents per query (default 1,8,32)")  # fmt: skip
     parser.add_argument("--pairs-per-pass", type=int, help="pairs in one timed pass")
     parser.add_argument("--repeats", type=int, help="timed passes per batch size (3)")
     parser.add_argument("--min-tokens", type=int, default=16, help="shortest document")
     parser.add_argument("--max-tokens", type=int, default=384, help="longest document")
     parser.add_argument("--query-tokens", type=int, default=32, help="longest query")
     parser.add_argument("--sides", type=lambda s: s.split(","), default=list(SIDES))
-    parser.add_argument("--emulate", action="store_true",
-                        help="run the plugin's NPU path under the torch_npu emulator "
-                        "(checks the script on CPU; timings are meaningless)")  # fmt: skip
-    parser.add_argument("--max-model-len", type=int, default=1024)
-    parser.add_argument("--gpu-memory-utilization", type=float)
-    parser.add_argument("--work-dir", type=Path, help="worker logs (default: a temp dir)")
-    parser.add_argument("--timeout", type=float, default=3600)
-    parser.add_argument("--json-out", type=Path, help="also write the JSON result here")
+    add_run_arguments(parser)
     args = parser.parse_args(argv)
     args.batch_sizes = args.batch_sizes or ([1, 8] if args.quick else [1, 8, 32])
     args.pairs_per_pass = args.pairs_per_pass or (16 if args.quick else 48)
@@ -88,13 +83,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.gpu_memory_utilization is None:
         args.gpu_memory_utilization = 0.4 if args.device == "npu" else 0.5
     return args
-
-
-def _ints(text: str) -> list[int]:
-    values = [int(v) for v in text.split(",") if v]
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"need positive integers, got {text!r}")
-    return values
 
 
 def scenario(args) -> dict:
@@ -168,21 +156,9 @@ def report(results: dict, args, model: Path) -> tuple[str, dict]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    model = args.model or default_model(args.quick)
-    work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="bench_rerank."))
-    work_dir.mkdir(parents=True, exist_ok=True)
-    bench = Bench(args, model, work_dir, worker=WORKER)
-    try:
-        run(bench, [side for side in SIDES if side in args.sides], args)
-    finally:
-        bench.kill_all()
-    tables, summary = report(bench.results, args, model)
-    print(tables)
-    line = json.dumps(summary)
-    if args.json_out:
-        args.json_out.write_text(line + "\n")
-    print(line)
-    return 0
+    model = args.model or built_model("reranker" if args.quick else "reranker-0.6b")
+    sides = [side for side in SIDES if side in args.sides]
+    return execute(args, model, WORKER, lambda bench: run(bench, sides, args), report)
 
 
 if __name__ == "__main__":
