@@ -59,6 +59,10 @@ def test_reranker_presets_have_qwen3_reranker_tokens(preset):
         assert tokenizer.token_to_id(token) is not None, token
     # Nothing appended (Qwen3-Reranker's tokenizer adds no special tokens).
     assert tokenizer.encode("yes").tokens == ["yes"]
+    # The prompt's shared part is about as long as with Qwen's tokenizer (~60 tokens).
+    from vllm_npu_ext import reranker
+
+    assert len(tokenizer.encode(reranker.prompt("", "")).ids) < 80
 
 
 def test_reranker_checkpoint_layout(reranker_model_dir):
@@ -69,5 +73,5 @@ def test_reranker_checkpoint_layout(reranker_model_dir):
     assert config["architectures"] == ["Qwen3ForCausalLM"]
     assert config["eos_token_id"] == tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert tokenizer.eos_token == "<|im_end|>" and tokenizer.padding_side == "left"
-    ids = tokenizer("<think>\n\n</think>")["input_ids"]
-    assert tokenizer.convert_ids_to_tokens(ids)[0] == "<think>" and len(ids) == 4
+    tokens = tokenizer.convert_ids_to_tokens(tokenizer("<think>\n\n</think>")["input_ids"])
+    assert (tokens[0], tokens[-1]) == ("<think>", "</think>")
