@@ -132,6 +132,22 @@ def test_bad_input_gets_400_and_server_keeps_serving(reranker_server, case):
     assert max_diff(got, oracle(reranker_server, QUERY, DOCUMENTS[:2])) <= MAX_SCORE_DIFF
 
 
+def test_max_tokens_per_doc_keeps_the_prompt_whole(reranker_server):
+    """The way to fit long documents: vLLM cuts the document before templating (at a token
+    boundary of the text), so the pair scores like the model card on the kept text."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(reranker_server.model_dir)
+    body = {"query": QUERY, "documents": [TOO_LONG], "max_tokens_per_doc": 100}
+    response = post(reranker_server, "/rerank", body)
+    assert response.status_code == 200, response.text
+    offsets = tokenizer(TOO_LONG, add_special_tokens=False,
+                        return_offsets_mapping=True)["offset_mapping"]  # fmt: skip
+    kept = TOO_LONG[: min(offsets[99][1], offsets[100][0])]
+    expected = oracle(reranker_server, QUERY, [kept])[0]
+    assert abs(response.json()["results"][0]["relevance_score"] - expected) <= MAX_SCORE_DIFF
+
+
 def test_malformed_json_gets_400(reranker_server):
     response = httpx.post(
         f"{reranker_server.base_url}/rerank", content=b'{"query": "q", "documents": [',

@@ -96,7 +96,7 @@ def post(server, path: str, body: dict, timeout: float = 120) -> httpx.Response:
 
 def rerank_scores(server, query: str, documents: list, path: str = "/rerank", **extra):
     """Relevance scores in document order, from a rerank endpoint (or /score's `queries`)."""
-    if "score" in path:
+    if path.endswith("score"):
         response = post(server, path, {"queries": query, "documents": documents, **extra})
         response.raise_for_status()
         return [d["score"] for d in sorted(response.json()["data"], key=lambda d: d["index"])]
