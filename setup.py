@@ -32,7 +32,9 @@ setup(
     include_package_data=True,
     ext_modules=EXT_MODULES,
     cmdclass=CMDCLASS,
-    package_data={"vllm_npu_ext": ["emulator/*.json", "cann_ops/**/*"]},
+    package_data={
+        "vllm_npu_ext": ["emulator/*.json", "templates/*.jinja", "cann_ops/**/*"]
+    },
     # Neither vLLM, vllm-ascend, torch nor torch-npu is listed, in any extra: on Ascend they
     # come from vllm-ascend 0.23's image or installation guide, and pip must never replace
     # them (vllm-ascend is sdist-only on PyPI, so pip would rebuild it). On CPU the `cpu`

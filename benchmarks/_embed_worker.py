@@ -35,9 +35,11 @@ CHECK_TEXTS = 8
 
 
 class VllmSide:
-    """`LLM.embed` on an in-process engine (`VLLM_ENABLE_V1_MULTIPROCESSING=0`)."""
+    """`LLM.embed` on an in-process engine (`VLLM_ENABLE_V1_MULTIPROCESSING=0`).
 
-    def __init__(self, spec: dict):
+    `engine_args` go to `vllm.LLM` besides the spec's (default: `convert="embed"`)."""
+
+    def __init__(self, spec: dict, **engine_args):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         if spec.get("emulate"):
             from vllm_npu_ext import emulator as torch_npu_emulator
@@ -46,9 +48,10 @@ class VllmSide:
         from vllm import LLM
 
         self.llm = LLM(
-            model=spec["model"], runner="pooling", convert="embed", dtype=spec["dtype"],
+            model=spec["model"], runner="pooling", dtype=spec["dtype"],
             max_model_len=spec["max_model_len"], seed=0,
             gpu_memory_utilization=spec["gpu_memory_utilization"],
+            **(engine_args or {"convert": "embed"}),
         )  # fmt: skip
 
     def embed(self, texts: list[str], batch_size: int) -> list[list[float]]:
@@ -100,12 +103,15 @@ class HfSide:
     """transformers the sentence-transformers way: length-sorted, left-padded batches.
 
     Last-token pooling and L2 normalisation, as Qwen3-Embedding's model card does it;
-    `use_cache=False` so no decoder cache is built for a single forward.
+    `use_cache=False` so no decoder cache is built for a single forward. Subclasses load
+    another `auto_class` and override `_forward`.
     """
+
+    auto_class = "AutoModel"
 
     def __init__(self, spec: dict):
         import torch
-        from transformers import AutoModel, AutoTokenizer
+        import transformers
 
         if spec["device"] == "npu":
             import torch_npu  # noqa: F401 - registers the "npu" device with torch
@@ -113,9 +119,13 @@ class HfSide:
         self.torch = torch
         self.device = spec["device"]
         self.max_length = spec["max_model_len"]
-        self.tokenizer = AutoTokenizer.from_pretrained(spec["model"], padding_side="left")
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(
+            spec["model"], padding_side="left"
+        )
+        model_class = getattr(transformers, self.auto_class)
         dtype = getattr(torch, spec["dtype"])
-        self.model = AutoModel.from_pretrained(spec["model"], dtype=dtype).to(self.device).eval()
+        self.model = model_class.from_pretrained(spec["model"], dtype=dtype)
+        self.model = self.model.to(self.device).eval()
 
     def embed(self, texts: list[str], batch_size: int) -> list[list[float]]:
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
@@ -163,19 +173,25 @@ def warmup(side, maker: TextMaker, command: dict) -> dict:
 
 
 def timed_pass(side, maker: TextMaker, command: dict) -> dict:
-    scenario, batch_size, repeat = command["scenario"], command["batch_size"], command["repeat"]
-    seed = pass_seed(scenario["name"], batch_size, repeat)
+    scenario, batch_size = command["scenario"], command["batch_size"]
+    seed = pass_seed(scenario["name"], batch_size, command["repeat"])
     texts = scenario_texts(maker, scenario, scenario["texts_per_pass"], seed)
+    tokens = maker.count_tokens(texts)
+    return pass_record(command, lambda: side.embed(texts, batch_size), len(texts), tokens)
+
+
+def pass_record(command: dict, run, count: int, tokens: int) -> dict:
+    """Time `run()`, which must return `count` results, as the pass `command` asks for."""
+    scenario, batch_size, repeat = command["scenario"], command["batch_size"], command["repeat"]
     start = time.perf_counter()
-    vectors = side.embed(texts, batch_size)
+    results = run()
     seconds = time.perf_counter() - start
-    if len(vectors) != len(texts):
-        raise RuntimeError(f"{len(texts)} texts gave {len(vectors)} embeddings")
+    if len(results) != count:
+        raise RuntimeError(f"{count} inputs gave {len(results)} results")
     print(f"{scenario['name']} bs={batch_size} #{repeat}: {seconds:.2f} s", flush=True)
     return {
         "scenario": scenario["name"], "batch_size": batch_size, "repeat": repeat,
-        "texts": len(texts), "tokens": maker.count_tokens(texts), "seconds": seconds,
-        "load": os.getloadavg()[0],
+        "texts": count, "tokens": tokens, "seconds": seconds, "load": os.getloadavg()[0],
     }  # fmt: skip
 
 
@@ -187,12 +203,14 @@ def check(side, maker: TextMaker, command: dict) -> dict:
 COMMANDS = {"warmup": warmup, "pass": timed_pass, "check": check}
 
 
-def main() -> None:
+def serve(sides: dict, commands: dict) -> None:
+    """Build the side of the spec in argv[1] (`sides[spec["kind"]](spec)`), answer one line,
+    then serve `commands`."""
     spec = json.loads(sys.argv[1])
     replies = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # vLLM logs to stdout; keep that for replies only
     start = time.perf_counter()
-    side = VllmSide(spec) if spec["kind"] == "vllm" else HfSide(spec)
+    side = sides[spec["kind"]](spec)
     startup_seconds = time.perf_counter() - start
     maker = TextMaker(spec["model"])
     print(json.dumps({"startup_seconds": startup_seconds, **side.info()}), file=replies)
@@ -200,9 +218,9 @@ def main() -> None:
         command = json.loads(line)
         if command["op"] == "quit":
             break
-        print(json.dumps(COMMANDS[command["op"]](side, maker, command)), file=replies)
+        print(json.dumps(commands[command["op"]](side, maker, command)), file=replies)
     print(json.dumps({"peak_rss_gib": peak_rss_gib()}), file=replies)
 
 
 if __name__ == "__main__":
-    main()
+    serve({"vllm": VllmSide, "hf": HfSide}, COMMANDS)

@@ -105,10 +105,14 @@ def scenarios(args) -> dict[str, dict]:
 
 
 def default_model(quick: bool) -> Path:
-    from vllm_npu_ext.tiny_model import default_model_dir, make_tiny_model
+    return built_model("tiny" if quick else "0.6b")
 
-    preset = "tiny" if quick else "0.6b"
-    path = default_model_dir().parent / f"bench-{preset}"
+
+def built_model(preset: str) -> Path:
+    """A random-weight checkpoint of `preset` in the cache, built on first use."""
+    from vllm_npu_ext.tiny_model import cache_dir, make_tiny_model
+
+    path = cache_dir() / f"bench-{preset}"
     if not (path / "model.safetensors").exists():
         log(f"building the {preset} checkpoint in {path}")
         make_tiny_model(path, preset=preset)
@@ -120,7 +124,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="tiny checkpoint, fewer passes")
     parser.add_argument("--model", type=Path, help="checkpoint dir (default: built 0.6b/tiny)")
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--batch-sizes", type=_ints, help="texts per call (default 1,8,32)")
+    parser.add_argument("--batch-sizes", type=positive_ints,
+                        help="texts per call (default 1,8,32)")  # fmt: skip
     parser.add_argument("--texts-per-pass", type=int, help="texts in one timed pass")
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per batch size")
     parser.add_argument("--min-tokens", type=int, default=8)
@@ -132,6 +137,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                         default=["plugin", "stock", "hf", "plugin-kv"])  # fmt: skip
     parser.add_argument("--ablation", choices=("auto", "on", "off"), default="auto",
                         help="per-fusion runs (auto: only with an Ascend NPU)")  # fmt: skip
+    add_run_arguments(parser)
+    args = parser.parse_args(argv)
+    _fill_defaults(args)
+    return args
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of how the sides run, shared with bench_rerank.py."""
     parser.add_argument("--emulate", action="store_true",
                         help="run the plugin's NPU path under the torch_npu emulator "
                         "(checks the script on CPU; timings are meaningless)")  # fmt: skip
@@ -141,12 +154,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=3600,
                         help="seconds to wait for a start-up or a pass")  # fmt: skip
     parser.add_argument("--json-out", type=Path, help="also write the JSON result here")
-    args = parser.parse_args(argv)
-    _fill_defaults(args)
-    return args
 
 
-def _ints(text: str) -> list[int]:
+def positive_ints(text: str) -> list[int]:
     values = [int(v) for v in text.split(",") if v]
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"need positive integers, got {text!r}")
@@ -178,8 +188,8 @@ def _fill_defaults(args: argparse.Namespace) -> None:
 class Bench:
     """The running sides' processes and everything measured so far."""
 
-    def __init__(self, args, model: Path, work_dir: Path):
-        self.args, self.model, self.work_dir = args, model, work_dir
+    def __init__(self, args, model: Path, work_dir: Path, worker: Path = WORKER):
+        self.args, self.model, self.work_dir, self.worker = args, model, work_dir, worker
         self.workers: dict[str, Worker] = {}
         self.results: dict[str, dict] = {}
 
@@ -191,7 +201,7 @@ class Bench:
             "gpu_memory_utilization": self.args.gpu_memory_utilization,
             "emulate": self.args.emulate and side.name not in ("stock", "hf"),
         }  # fmt: skip
-        worker = Worker([str(WORKER), json.dumps(spec)], side.env,
+        worker = Worker([str(self.worker), json.dumps(spec)], side.env,
                         self.work_dir / f"{side.name}.log", self.args.timeout)  # fmt: skip
         self.workers[side.name] = worker
         check_side(side, worker.ready)
@@ -264,14 +274,21 @@ def run(bench: Bench, chosen: list[str], catalogue: dict[str, dict]) -> None:
 def main(argv=None) -> int:
     args = parse_args(argv)
     model = args.model or default_model(args.quick)
-    work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="bench_embed."))
+    return execute(args, model, WORKER, lambda bench: run(bench, args.sides, scenarios(args)),
+                   report)  # fmt: skip
+
+
+def execute(args, model: Path, worker: Path, run_sides, make_report) -> int:
+    """Run the sides (`run_sides(bench)`), always stop them, print the tables and, last, the
+    summary JSON line (`make_report(results, args, model)` gives both)."""
+    work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix=f"{worker.stem}."))
     work_dir.mkdir(parents=True, exist_ok=True)
-    bench = Bench(args, model, work_dir)
+    bench = Bench(args, model, work_dir, worker)
     try:
-        run(bench, args.sides, scenarios(args))
+        run_sides(bench)
     finally:
         bench.kill_all()
-    tables, summary = report(bench.results, args, model)
+    tables, summary = make_report(bench.results, args, model)
     print(tables)
     line = json.dumps(summary)
     if args.json_out:

@@ -41,14 +41,22 @@ from vllm_npu_ext.tiny_model import corpus  # noqa: E402
 PROBE_TEXTS = 8
 
 
+EMBEDDINGS_PATH = "/v1/embeddings"
+
+
 @dataclasses.dataclass(frozen=True)
 class Request:
-    """One POST to /v1/embeddings: a JSON body, or raw bytes (for malformed requests)."""
+    """One POST: a JSON body, or raw bytes (for malformed requests), to `path`.
+
+    Embeddings answers give one vector per input; rerank answers (`/rerank`) give each
+    document's `[relevance_score]`, in document order.
+    """
 
     body: Any
     probe: str | None = None  # requests with the same probe key carry the same text ...
     probe_index: int = 0  # ... at this position of their input
     keep_embedding: bool = False
+    path: str = EMBEDDINGS_PATH
 
     def probe_embedding(self, embeddings: list[list[float]]) -> list[float]:
         return embeddings[self.probe_index]
@@ -75,10 +83,10 @@ class Outcome:
         return self.status == 200 and self.error is None
 
 
-async def _send(client: httpx.AsyncClient, url: str, request: Request) -> Outcome:
+async def _send(client: httpx.AsyncClient, base_url: str, request: Request) -> Outcome:
     start = time.perf_counter()
     try:
-        response = await client.post(url, **request.send_kwargs())
+        response = await client.post(base_url + request.path, **request.send_kwargs())
     except httpx.HTTPError as error:
         return Outcome(request, 0, time.perf_counter() - start, error=repr(error))
     seconds = time.perf_counter() - start
@@ -91,8 +99,15 @@ async def _send(client: httpx.AsyncClient, url: str, request: Request) -> Outcom
         return Outcome(request, response.status_code, seconds, error=message or str(payload))
     outcome = Outcome(request, 200, seconds, payload.get("usage", {}).get("prompt_tokens", 0))
     if request.probe is not None or request.keep_embedding:
-        outcome.embeddings = [d["embedding"] for d in sorted(payload["data"], key=_index)]
+        outcome.embeddings = _vectors(payload)
     return outcome
+
+
+def _vectors(payload: dict) -> list[list[float]]:
+    """Embeddings, or each document's [relevance_score] of a rerank answer, in input order."""
+    if "results" in payload:
+        return [[r["relevance_score"]] for r in sorted(payload["results"], key=_index)]
+    return [d["embedding"] for d in sorted(payload["data"], key=_index)]
 
 
 def _index(item: dict) -> int:
@@ -109,7 +124,7 @@ async def run_load_async(
     """Send `requests` with `concurrency` closed-loop clients -> (outcomes in order, wall s)."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
-    url = base_url.rstrip("/") + "/v1/embeddings"
+    base_url = base_url.rstrip("/")
     outcomes: list[Outcome | None] = [None] * len(requests)
     queue = iter(range(len(requests)))
     bar = _progress_bar(len(requests), concurrency) if progress else None
@@ -118,7 +133,7 @@ async def run_load_async(
         # One connection per client: httpx's shared pool costs O(connections) per request.
         async with httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=1)) as c:
             for i in queue:  # shared iterator: each index is taken by exactly one client
-                outcomes[i] = await _send(c, url, requests[i])
+                outcomes[i] = await _send(c, base_url, requests[i])
                 if bar is not None:
                     bar.update(1)
 

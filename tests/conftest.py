@@ -162,3 +162,35 @@ def emulated_embedding_server(tiny_model_dir, tmp_path_factory):
             "--gpu-memory-utilization", "0.3"]  # fmt: skip
     with running_server(args, root / "server.log", {"VLLM_NPU_EXT_EMULATE": "1"}) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def reranker_model_dir(tmp_path_factory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("models") / "reranker", preset="reranker")
+
+
+@pytest.fixture(scope="session")
+def rerank_engine_run(reranker_model_dir, tmp_path_factory) -> dict:
+    """`tests/support/rerank_engine_worker.py` on the tiny reranker: emulated, then platform."""
+    from support.rerank_servers import run_rerank_engine
+
+    return run_rerank_engine(tmp_path_factory.mktemp("rerank_engine"), reranker_model_dir)
+
+
+@pytest.fixture(scope="session")
+def reranker_server(tmp_path_factory):
+    """`vllm-npu-ext serve --reranker` (built-in tiny reranker, float32, platform path)."""
+    from support.rerank_servers import reranker_server
+
+    with reranker_server(tmp_path_factory.mktemp("reranker_server")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def emulated_reranker_server(tmp_path_factory):
+    """The reranker server with VLLM_NPU_EXT_EMULATE=1 and a server instruction (one module
+    uses it; stopped after that module)."""
+    from support.rerank_servers import emulated_reranker_server
+
+    with emulated_reranker_server(tmp_path_factory.mktemp("emulated_reranker")) as server:
+        yield server

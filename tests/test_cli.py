@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from vllm_npu_ext import cli
 
@@ -74,3 +77,87 @@ def test_small_cpu_machine_binds_every_core_for_one_rank(monkeypatch):
     assert cli.cpu_thread_binding(["x"]) is None
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0")
     assert cli.cpu_thread_binding(["x"]) is None
+
+
+def _value(command: list[str], flag: str) -> str:
+    return command[command.index(flag) + 1]
+
+
+def test_serve_reranker_adds_overrides_template_and_no_embed_convert(tmp_path):
+    from vllm_npu_ext import reranker
+
+    command = cli.serve_command([str(tmp_path), "--reranker", "--dtype", "float32"])
+    assert "--reranker" not in command and "--convert" not in command
+    assert _value(command, "--runner") == "pooling"
+    assert json.loads(_value(command, "--hf-overrides")) == reranker.HF_OVERRIDES
+    assert _value(command, "--chat-template") == str(reranker.TEMPLATE_PATH)
+    for middleware in cli.MIDDLEWARES:
+        assert f"--middleware {middleware}" in " ".join(command)
+
+
+def test_serve_merges_the_users_hf_overrides(tmp_path):
+    from vllm_npu_ext import reranker
+
+    command = cli.serve_command(
+        [str(tmp_path), "--reranker", '--hf-overrides={"classifier_from_token": ["n", "y"]}']
+    )
+    assert command.count("--hf-overrides") == 1
+    assert json.loads(_value(command, "--hf-overrides")) == {
+        **reranker.HF_OVERRIDES, "classifier_from_token": ["n", "y"]
+    }
+    command = cli.serve_command([str(tmp_path), "--hf-overrides", '{"max_model_len": 64}'])
+    assert json.loads(_value(command, "--hf-overrides")) == {
+        "is_matryoshka": True, "max_model_len": 64
+    }
+
+
+def test_serve_reranker_instruction_writes_a_template_copy(tmp_path, monkeypatch):
+    from vllm_npu_ext import reranker
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    command = cli.serve_command(["m", "--reranker", "--reranker-instruction", "Find code"])
+    path = _value(command, "--chat-template")
+    assert path.startswith(str(tmp_path))
+    assert Path(path).read_text(encoding="utf-8") == reranker.template_text("Find code")
+    again = cli.serve_command(["m", "--reranker", "--reranker-instruction=Find code"])
+    assert _value(again, "--chat-template") == path
+
+
+def test_serve_keeps_a_users_chat_template(tmp_path):
+    command = cli.serve_command([str(tmp_path), "--reranker", "--chat-template", "mine.jinja"])
+    assert command.count("--chat-template") == 1 and "mine.jinja" in command
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["m", "--reranker-instruction", "x"], "needs --reranker"),
+        (["m", "--reranker", "--reranker-instruction"], "needs a value"),
+        (["m", "--reranker", "--reranker-instruction", "x", "--chat-template", "t"], "cannot"),
+        (["m", "--reranker", "--hf-overrides", "{bad"], "not JSON"),
+        (["m", "--hf-overrides", "[1]"], "JSON object"),
+    ],
+)
+def test_serve_refuses_contradictory_options(args, message):
+    with pytest.raises(SystemExit, match=message):
+        cli.serve_command(args)
+
+
+def test_serve_reranker_without_model_uses_the_built_in_tiny_reranker(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    command = cli.serve_command(["--reranker"])
+    model_dir = tmp_path / "vllm_npu_ext" / "tiny-qwen3-reranker"
+    assert _value(command, "--model") == str(model_dir)
+    assert _value(command, "--served-model-name") == "tiny-qwen3-reranker"
+    assert (model_dir / "model.safetensors").exists()
+
+
+def test_reranker_template_command_prints_the_path(tmp_path, capsys, monkeypatch):
+    from vllm_npu_ext import reranker
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert cli.main(["reranker-template"]) == 0
+    assert capsys.readouterr().out.strip() == str(reranker.TEMPLATE_PATH)
+    assert cli.main(["reranker-template", "--instruction", "Find code"]) == 0
+    path = capsys.readouterr().out.strip()
+    assert path.startswith(str(tmp_path)) and "Find code" in Path(path).read_text(encoding="utf-8")

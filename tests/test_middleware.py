@@ -15,8 +15,10 @@ from vllm_npu_ext.entrypoints.middleware import (
     MAX_INPUTS,
     SHUTDOWN_MESSAGE,
     EmbeddingRequestValidator,
+    ScoringRequestValidator,
     ShutdownGuard,
     validate_embedding_request,
+    validate_scoring_request,
 )
 
 
@@ -42,10 +44,69 @@ def test_payloads_left_to_vllm(payload):
     assert validate_embedding_request(payload) is None
 
 
-def _call(path: str, body: bytes, method: str = "POST"):
+@pytest.mark.parametrize(
+    ("path", "payload", "message"),
+    [
+        ("/rerank", {"query": "", "documents": ["a"]}, "query must not be an empty string"),
+        ("/v1/rerank", {"query": "q", "documents": ["a"], "top_n": -1}, "top_n must be >= 0"),
+        ("/v2/rerank", {"query": "", "documents": []}, "query must not"),
+        ("/score", {"queries": "", "documents": ["a"]}, "queries must not"),
+        ("/v1/score", {"text_1": ["a", ""], "text_2": ["b", "c"]}, r"text_1\[1\] must not"),
+        ("/score", {"data_1": "", "data_2": "x"}, "data_1 must not"),
+    ],
+)
+def test_rejected_scoring_payloads(path, payload, message):
+    error = validate_scoring_request(path, payload)
+    assert error is not None and re.search(message, error)
+
+
+@pytest.mark.parametrize(
+    ("path", "payload"),
+    [("/rerank", {"query": "q", "documents": ["", "a"], "top_n": 0}),
+     ("/rerank", {"query": "q", "documents": [], "top_n": "x"}),  # vLLM answers these
+     ("/rerank", {"query": ["q"], "documents": [1]}), ("/rerank", [1]),
+     ("/score", {"queries": "q", "documents": [""]}),
+     ("/score", {"queries": "q", "documents": "d", "truncate_prompt_tokens": 8})],
+)  # fmt: skip
+def test_scoring_payloads_left_to_vllm(path, payload):
+    assert validate_scoring_request(path, payload) is None
+
+
+@pytest.mark.parametrize("path", ["/rerank", "/score"])
+def test_truncation_is_refused_for_qwen3_reranker_only(path):
+    payload = {"query": "q", "queries": "q", "documents": ["d"], "truncate_prompt_tokens": -1}
+    assert validate_scoring_request(path, payload) is None
+    error = validate_scoring_request(path, payload, qwen3_reranker=True)
+    assert error.startswith("truncate_prompt_tokens") and "max_tokens_per_doc" in error
+    del payload["truncate_prompt_tokens"]
+    assert validate_scoring_request(path, payload, qwen3_reranker=True) is None
+
+
+def _scoring_app(qwen3_reranker: bool):
+    hf_config = types.SimpleNamespace(is_original_qwen3_reranker=qwen3_reranker)
+    model_config = types.SimpleNamespace(hf_config=hf_config)
+    state = types.SimpleNamespace(vllm_config=types.SimpleNamespace(model_config=model_config))
+    return types.SimpleNamespace(state=state)
+
+
+@pytest.mark.parametrize("qwen3_reranker", [False, True])
+def test_scoring_middleware_reads_the_model_from_the_app(qwen3_reranker):
+    body = json.dumps({"query": "q", "documents": ["d"], "truncate_prompt_tokens": 5}).encode()
+    app = _scoring_app(qwen3_reranker)
+    seen, sent = _call("/rerank", body, validator=ScoringRequestValidator, app=app)
+    assert sent[0]["status"] == (400 if qwen3_reranker else 200)
+    if qwen3_reranker:
+        error = json.loads(sent[1]["body"])["error"]
+        assert error["param"] == "truncate_prompt_tokens" and "body" not in seen
+    else:
+        assert seen["body"] == body
+
+
+def _call(path: str, body: bytes, method: str = "POST", validator=EmbeddingRequestValidator,
+          app=None):  # fmt: skip
     seen, sent = {}, []
 
-    async def app(scope, receive, send):
+    async def downstream(scope, receive, send):
         message = await receive()
         seen["body"] = message["body"]
         await send({"type": "http.response.start", "status": 200, "headers": []})
@@ -56,8 +117,8 @@ def _call(path: str, body: bytes, method: str = "POST"):
     async def send(message):
         sent.append(message)
 
-    scope = {"type": "http", "method": method, "path": path}
-    asyncio.run(EmbeddingRequestValidator(app)(scope, receive, send))
+    scope = {"type": "http", "method": method, "path": path, "app": app}
+    asyncio.run(validator(downstream)(scope, receive, send))
     return seen, sent
 
 

@@ -86,3 +86,48 @@ def test_emulate_switch_installs_the_emulator_in_register(monkeypatch, caplog):
         assert sys.modules["torch_npu"] is emulator
     finally:
         emulator.uninstall()
+
+
+def seq_cls_config():
+    config = model_config("pooling")
+    config.convert_type = "classify"
+    return config
+
+
+def test_reranker_alias_resolves_to_our_class_through_vllms_suffix_rewrite(registry):
+    """Qwen3ForSequenceClassification: vLLM rewrites our alias's suffix to our registered
+    causal-LM name (and wraps it in as_seq_cls_model when loading); the checkpoint's name is
+    reported back, so vLLM's Qwen3-Reranker config hook still applies."""
+    arch = "Qwen3ForSequenceClassification"
+    assert vllm_model_registry.OVERRIDES[arch] not in registry.get_supported_archs()
+    model_cls, name = registry.resolve_model_cls([arch], seq_cls_config())
+    assert (model_cls, name) == (our_qwen3.Qwen3ForCausalLM, arch)
+    info, name = registry.inspect_model_cls(arch, seq_cls_config())
+    assert (info.attn_type, name) == ("encoder_only", arch)
+
+
+def test_reranker_engine_config_builds_our_one_logit_cache_free_classifier(
+    registry, reranker_model_dir
+):
+    """The whole config path of `serve --reranker` (no engine): convert=classify from the
+    architecture name, the 2-way-softmax head with one label, our class under the adapter,
+    no prefix caching or chunked prefill."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.model_loader.utils import get_model_architecture
+
+    from vllm_npu_ext import reranker
+
+    args = EngineArgs(model=str(reranker_model_dir), hf_overrides=reranker.HF_OVERRIDES,
+                      skip_tokenizer_init=True, max_model_len=512)  # fmt: skip
+    config = args.create_model_config()
+    assert (config.runner_type, config.convert_type) == ("pooling", "classify")
+    assert config.architecture == "Qwen3ForSequenceClassification"
+    assert config.attn_type == "encoder_only"
+    assert config.hf_config.method == "from_2_way_softmax"
+    model_cls, _ = get_model_architecture(config)
+    assert model_cls.__name__ == "Qwen3ForSequenceClassification"
+    assert our_qwen3.Qwen3ForCausalLM in model_cls.__mro__
+    engine = args.create_engine_config()
+    assert engine.model_config.hf_config.num_labels == 1
+    assert not engine.cache_config.enable_prefix_caching
+    assert not engine.scheduler_config.enable_chunked_prefill

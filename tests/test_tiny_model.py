@@ -48,3 +48,30 @@ def test_bad_arguments_raise(tmp_path):
         make_tiny_model(tmp_path / "x", hidden=3)
     with pytest.raises(ValueError, match="multiple of num_key_value_heads"):
         make_tiny_model(tmp_path / "x", num_key_value_heads=3)
+
+
+@pytest.mark.parametrize("preset", ["reranker", "reranker-0.6b"])
+def test_reranker_presets_have_qwen3_reranker_tokens(preset):
+    from vllm_npu_ext.tiny_model import PRESETS, build_tokenizer
+
+    tokenizer = build_tokenizer(PRESETS[preset]["tokenizer_vocab_size"], reranker=True)
+    for token in ("no", "yes", "<think>", "</think>", "<|im_start|>", "<|im_end|>"):
+        assert tokenizer.token_to_id(token) is not None, token
+    # Nothing appended (Qwen3-Reranker's tokenizer adds no special tokens).
+    assert tokenizer.encode("yes").tokens == ["yes"]
+    # The prompt's shared part is about as long as with Qwen's tokenizer (~60 tokens).
+    from vllm_npu_ext import reranker
+
+    assert len(tokenizer.encode(reranker.prompt("", "")).ids) < 80
+
+
+def test_reranker_checkpoint_layout(reranker_model_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(reranker_model_dir)
+    config = json.loads((reranker_model_dir / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3ForCausalLM"]
+    assert config["eos_token_id"] == tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert tokenizer.eos_token == "<|im_end|>" and tokenizer.padding_side == "left"
+    tokens = tokenizer.convert_ids_to_tokens(tokenizer("<think>\n\n</think>")["input_ids"])
+    assert (tokens[0], tokens[-1]) == ("<think>", "</think>")

@@ -1,8 +1,9 @@
-"""`vllm-npu-ext`: serve embeddings, build the tiny model, inspect and verify an install."""
+"""`vllm-npu-ext`: serve embeddings or a reranker, build tiny models, inspect and verify."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Sequence
@@ -11,8 +12,12 @@ SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 # Added to every server, after any `--middleware` of the user's (the guard outermost).
 MIDDLEWARES = (
     "vllm_npu_ext.entrypoints.middleware.EmbeddingRequestValidator",
+    "vllm_npu_ext.entrypoints.middleware.ScoringRequestValidator",
     "vllm_npu_ext.entrypoints.middleware.ShutdownGuard",
 )
+# Options of ours that `serve` takes out before calling vLLM (name -> takes a value).
+RERANKER_FLAG = "--reranker"
+INSTRUCTION_FLAG = "--reranker-instruction"
 # CPU only: vLLM refuses to start unless this fraction of NUMA node 0's memory is free, and
 # its default (0.92) fails whenever anything else runs. A cache-free pooling run needs no KV
 # cache at all.
@@ -30,6 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = {
         "serve": serve,
         "make-tiny-model": make_tiny_model,
+        "reranker-template": reranker_template,
         "doctor": doctor,
         "selfcheck": selfcheck,
         "build-ops": build_ops,
@@ -46,7 +52,12 @@ def _usage(commands) -> str:
         "usage: vllm-npu-ext {" + ",".join(commands) + "} ...\n\n"
         "  serve [MODEL] [vLLM args...]   OpenAI-compatible embedding server (default model: the\n"
         "                                 built-in tiny Qwen3; --runner pooling --convert embed)\n"
-        "  make-tiny-model DIR [--preset tiny|0.6b] [--seed N]\n"
+        "  serve [MODEL] --reranker [--reranker-instruction TEXT] [vLLM args...]\n"
+        "                                 Qwen3-Reranker on /rerank and /score (overrides and\n"
+        "                                 prompt template added; default: a tiny reranker)\n"
+        "  reranker-template [--instruction TEXT]\n"
+        "                                 print the path of the reranker prompt template\n"
+        "  make-tiny-model DIR [--preset tiny|0.6b|reranker|reranker-0.6b] [--seed N]\n"
         "                                 write a random-weight Qwen3 checkpoint + tokenizer\n"
         "  doctor [--json]                versions, NPU, custom-op paths, switches\n"
         "  selfcheck [--model DIR] [--json] [--quick] [--parts ops,model,bench,doctor]\n"
@@ -60,34 +71,98 @@ def _usage(commands) -> str:
 
 
 def serve_command(args: Sequence[str]) -> list[str]:
-    """The vLLM server command line `serve` runs for these arguments."""
-    args = list(args)
+    """The vLLM server command line `serve` runs for these arguments.
+
+    Embeddings by default; with `--reranker`, Qwen3-Reranker on /rerank and /score (the
+    architecture overrides and our prompt template; `--reranker-instruction` sets the
+    server's default instruction). The user's own vLLM flags win; `--hf-overrides` is merged.
+    """
+    reranker, instruction, args = _our_options(list(args))
     if args and not args[0].startswith("-"):
         model, rest = args[0], args[1:]
     elif "--model" in args:
         i = args.index("--model")
         model, rest = args[i + 1], args[:i] + args[i + 2 :]
     else:
-        from vllm_npu_ext.tiny_model import DEFAULT_MODEL_NAME, ensure_default_model
+        from vllm_npu_ext.tiny_model import DEFAULT_MODELS, ensure_default_model
 
-        model, rest = str(ensure_default_model()), args
+        preset = "reranker" if reranker else "tiny"
+        model, rest = str(ensure_default_model(preset)), args
         if not _has_flag(rest, "--served-model-name"):
-            rest = [*rest, "--served-model-name", DEFAULT_MODEL_NAME]
+            rest = [*rest, "--served-model-name", DEFAULT_MODELS[preset]]
+    # Computed first: a user's --hf-overrides is taken out of `rest` and merged into ours.
+    defaults = _reranker_defaults(rest, instruction) if reranker else _embedding_defaults(rest)
+    if _on_cpu():
+        defaults["--gpu-memory-utilization"] = [CPU_MEMORY_UTILIZATION]
     command = [sys.executable, "-m", SERVER_MODULE, "--model", model, *rest]
     for middleware in MIDDLEWARES:
         if middleware not in rest:
             command += ["--middleware", middleware]
-    defaults = {"--runner": ["pooling"], "--convert": ["embed"]}
-    if _flag_value(rest, "--runner", "pooling") == "pooling":
-        # Qwen3-Embedding is trained with matryoshka dimensions; vLLM rejects `dimensions`
-        # unless the config says so.
-        defaults["--hf-overrides"] = ['{"is_matryoshka": true}']
-    if _on_cpu():
-        defaults["--gpu-memory-utilization"] = [CPU_MEMORY_UTILIZATION]
     for flag, value in defaults.items():
         if not _has_flag(rest, flag):
             command += [flag, *value]
     return command
+
+
+def _our_options(args: list[str]) -> tuple[bool, str | None, list[str]]:
+    """(--reranker given, --reranker-instruction's value, the arguments left for vLLM)."""
+    reranker, instruction, rest = False, None, []
+    arguments = iter(args)
+    for arg in arguments:
+        if arg == RERANKER_FLAG:
+            reranker = True
+        elif arg == INSTRUCTION_FLAG:
+            instruction = next(arguments, None)
+            if instruction is None:
+                raise SystemExit(f"vllm-npu-ext serve: {INSTRUCTION_FLAG} needs a value")
+        elif arg.startswith(INSTRUCTION_FLAG + "="):
+            instruction = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+    if instruction is not None and not reranker:
+        raise SystemExit(f"vllm-npu-ext serve: {INSTRUCTION_FLAG} needs {RERANKER_FLAG}")
+    if instruction is not None and _has_flag(rest, "--chat-template"):
+        raise SystemExit(
+            f"vllm-npu-ext serve: {INSTRUCTION_FLAG} sets our template's instruction; it "
+            "cannot apply to your --chat-template"
+        )
+    return reranker, instruction, rest
+
+
+def _embedding_defaults(rest: list[str]) -> dict[str, list[str]]:
+    defaults = {"--runner": ["pooling"], "--convert": ["embed"]}
+    if _flag_value(rest, "--runner", "pooling") == "pooling":
+        # Qwen3-Embedding is trained with matryoshka dimensions; vLLM rejects `dimensions`
+        # unless the config says so.
+        defaults["--hf-overrides"] = _merged_hf_overrides(rest, {"is_matryoshka": True})
+    return defaults
+
+
+def _reranker_defaults(rest: list[str], instruction: str | None) -> dict[str, list[str]]:
+    """Pooling runner (vLLM picks `convert=classify` from the architecture name), the
+    Qwen3-Reranker overrides and our prompt template."""
+    from vllm_npu_ext import reranker
+
+    return {
+        "--runner": ["pooling"],
+        "--hf-overrides": _merged_hf_overrides(rest, reranker.HF_OVERRIDES),
+        "--chat-template": [str(reranker.template_path(instruction))],
+    }
+
+
+def _merged_hf_overrides(rest: list[str], ours: dict) -> list[str]:
+    """`ours` under the user's `--hf-overrides` (taken out of `rest`): the user's keys win."""
+    value = _flag_value(rest, "--hf-overrides", None)
+    users = {}
+    if value is not None:
+        try:
+            users = json.loads(value)
+        except json.JSONDecodeError as error:
+            raise SystemExit(f"vllm-npu-ext serve: --hf-overrides is not JSON: {error}") from None
+        if not isinstance(users, dict):
+            raise SystemExit("vllm-npu-ext serve: --hf-overrides must be a JSON object")
+        _remove_flag(rest, "--hf-overrides")
+    return [json.dumps({**ours, **users})]
 
 
 def cpu_thread_binding(command: Sequence[str]) -> str | None:
@@ -104,7 +179,19 @@ def _has_flag(args: Sequence[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in args)
 
 
-def _flag_value(args: Sequence[str], flag: str, default: str) -> str:
+def _remove_flag(args: list[str], flag: str) -> None:
+    """Take every `flag VALUE` / `flag=VALUE` out of `args` (in place)."""
+    i = 0
+    while i < len(args):
+        if args[i].startswith(flag + "="):
+            del args[i]
+        elif args[i] == flag:
+            del args[i : i + 2]
+        else:
+            i += 1
+
+
+def _flag_value(args: Sequence[str], flag: str, default: str | None) -> str | None:
     for i, arg in enumerate(args):
         if arg.startswith(flag + "="):
             return arg.split("=", 1)[1]
@@ -158,6 +245,17 @@ def make_tiny_model(args: Sequence[str]) -> int:
     ns = parser.parse_args(args)
     path = build(ns.output_dir, preset=ns.preset, seed=ns.seed)
     print(f"wrote {ns.preset} Qwen3 checkpoint to {path}")
+    return 0
+
+
+def reranker_template(args: Sequence[str]) -> int:
+    """Print the path of the Qwen3-Reranker prompt template (for `vllm serve --chat-template`)."""
+    from vllm_npu_ext import reranker
+
+    parser = argparse.ArgumentParser(prog="vllm-npu-ext reranker-template")
+    parser.add_argument("--instruction", help="default instruction (writes a copy in the cache)")
+    ns = parser.parse_args(args)
+    print(reranker.template_path(ns.instruction))
     return 0
 
 

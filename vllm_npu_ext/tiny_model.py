@@ -3,8 +3,10 @@
 No model hub is reachable from our machines, so tests and benchmarks build their own
 checkpoints: real safetensors, a config laid out like Qwen3-Embedding's, and a byte-level BPE
 tokenizer trained on a built-in corpus and set up like Qwen3-Embedding's (EOS
-`<|endoftext|>` appended by the post-processor, left padding). The same arguments always
-give byte-identical files.
+`<|endoftext|>` appended by the post-processor, left padding). The reranker presets set the
+tokenizer up like Qwen3-Reranker's instead: nothing appended, `<think>`/`</think>` as single
+tokens, and "yes"/"no" in the vocabulary (the tokens the reranker's score compares). The
+same arguments always give byte-identical files.
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ from safetensors.torch import save_file
 
 EOS_TOKEN = "<|endoftext|>"
 DEFAULT_MODEL_NAME = "tiny-qwen3"  # what `vllm-npu-ext serve` calls the built-in model
+DEFAULT_RERANKER_NAME = "tiny-qwen3-reranker"  # ... and the built-in reranker
 SPECIAL_TOKENS = [EOS_TOKEN, "<|im_start|>", "<|im_end|>"]
+THINK_TOKENS = ["<think>", "</think>"]
+ANSWER_TOKENS = ("no", "yes")  # Qwen3-Reranker's classifier_from_token
 
 # Layer shapes. `0.6b` is Qwen3-Embedding-0.6B's; its vocabulary is our tokenizer's, not
 # Qwen's 151k (per-token compute does not depend on it).
@@ -51,6 +56,10 @@ PRESETS: dict[str, dict] = {
         "tokenizer_vocab_size": 8192,
     },
 }
+# Qwen3-Reranker-0.6B has Qwen3-Embedding-0.6B's shapes; its tokenizer appends nothing.
+PRESETS["reranker"] = {**PRESETS["tiny"], "reranker": True}
+PRESETS["reranker-0.6b"] = {**PRESETS["0.6b"], "reranker": True}
+TOKENIZER_KEYS = ("tokenizer_vocab_size", "reranker")
 
 _WORD_LIST = (
     "the of and to in is was for on that with as by at from his her an which be this are or "
@@ -81,8 +90,15 @@ def corpus(num_sentences: int = 4000, seed: int = 0) -> list[str]:
     return sentences
 
 
-def build_tokenizer(vocab_size: int):
-    """A byte-level BPE tokenizer (any text encodes, no unknown tokens) appending EOS."""
+def build_tokenizer(vocab_size: int, reranker: bool = False):
+    """A byte-level BPE tokenizer (any text encodes, no unknown tokens).
+
+    Embedding presets append EOS. Reranker presets append nothing, add `THINK_TOKENS` as
+    special tokens and also train on lines that start with "yes"/"no", so that both are
+    tokens of their own (without the word-start marker), as in Qwen's vocabulary, and on the
+    reranker's prompt, so that it takes about as many tokens as with Qwen's tokenizer
+    (benchmarks depend on its length: vLLM's prefix cache reuses whole 128-token blocks).
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tokenizer = Tokenizer(models.BPE())
@@ -90,11 +106,17 @@ def build_tokenizer(vocab_size: int):
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=SPECIAL_TOKENS + (THINK_TOKENS if reranker else []),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(corpus(), trainer=trainer)
+    extra = _reranker_lines() if reranker else []
+    tokenizer.train_from_iterator(corpus() + extra, trainer=trainer)
+    if reranker:
+        missing = [word for word in ANSWER_TOKENS if tokenizer.token_to_id(word) is None]
+        if missing:
+            raise RuntimeError(f"the reranker tokenizer lacks the tokens {missing}")
+        return tokenizer
     eos_id = tokenizer.token_to_id(EOS_TOKEN)
     tokenizer.post_processor = processors.TemplateProcessing(
         single=f"$A:0 {EOS_TOKEN}:0",
@@ -104,21 +126,29 @@ def build_tokenizer(vocab_size: int):
     return tokenizer
 
 
-def _tokenizer_config() -> dict:
+def _reranker_lines() -> list[str]:
+    from vllm_npu_ext import reranker
+
+    prompt = reranker.prompt("", "").replace("<|im_start|>", "").replace("<|im_end|>", "")
+    return [f"{word}\n" for word in ANSWER_TOKENS] * 200 + [prompt] * 50
+
+
+def _tokenizer_config(reranker: bool) -> dict:
     return {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "eos_token": EOS_TOKEN,
+        # Qwen3-Reranker's (a chat model's) EOS is <|im_end|>; it pads with <|endoftext|>.
+        "eos_token": "<|im_end|>" if reranker else EOS_TOKEN,
         "pad_token": EOS_TOKEN,
         "padding_side": "left",
         "model_max_length": 131072,
         "clean_up_tokenization_spaces": False,
-        "additional_special_tokens": SPECIAL_TOKENS[1:],
+        "additional_special_tokens": SPECIAL_TOKENS[1:] + (THINK_TOKENS if reranker else []),
     }
 
 
 def model_config(preset: str, vocab_size: int, eos_id: int, **overrides) -> dict:
-    """A config.json dict laid out like Qwen3-Embedding's."""
-    shapes = {k: v for k, v in PRESETS[preset].items() if k != "tokenizer_vocab_size"}
+    """A config.json dict laid out like Qwen3-Embedding's (and Qwen3-Reranker's)."""
+    shapes = {k: v for k, v in PRESETS[preset].items() if k not in TOKENIZER_KEYS}
     config = {
         "architectures": ["Qwen3ForCausalLM"],
         "model_type": "qwen3",
@@ -197,14 +227,16 @@ def make_tiny_model(
         raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {preset!r}")
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(PRESETS[preset]["tokenizer_vocab_size"])
+    reranker = PRESETS[preset].get("reranker", False)
+    tokenizer = build_tokenizer(PRESETS[preset]["tokenizer_vocab_size"], reranker)
     # Round the embedding table up to a multiple of 64, as Qwen's checkpoints do.
     vocab_size = -(-tokenizer.get_vocab_size() // 64) * 64
-    config = model_config(preset, vocab_size, tokenizer.token_to_id(EOS_TOKEN), **overrides)
+    eos_id = tokenizer.token_to_id("<|im_end|>" if reranker else EOS_TOKEN)
+    config = model_config(preset, vocab_size, eos_id, **overrides)
     _check_shapes(config)
 
     tokenizer.save(str(out / "tokenizer.json"))
-    _write_json(out / "tokenizer_config.json", _tokenizer_config())
+    _write_json(out / "tokenizer_config.json", _tokenizer_config(reranker))
     _write_json(out / "config.json", config)
     _write_json(
         out / "generation_config.json",
@@ -227,20 +259,31 @@ def _write_json(path: Path, data: dict) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def default_model_dir() -> Path:
-    """Where `vllm-npu-ext serve` keeps the built-in tiny model."""
+def cache_dir() -> Path:
+    """The package's cache directory (built-in models, generated templates)."""
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    return cache / "vllm_npu_ext" / "tiny-qwen3"
+    return cache / "vllm_npu_ext"
 
 
-def ensure_default_model() -> Path:
-    """The built-in tiny model, created on first use."""
-    path = default_model_dir()
+# preset -> the built-in model's directory name (and served name)
+DEFAULT_MODELS = {"tiny": DEFAULT_MODEL_NAME, "reranker": DEFAULT_RERANKER_NAME}
+
+
+def default_model_dir(preset: str = "tiny") -> Path:
+    """Where `vllm-npu-ext serve` keeps the built-in tiny model (`--reranker`: the reranker)."""
+    if preset not in DEFAULT_MODELS:
+        raise ValueError(f"preset must be one of {sorted(DEFAULT_MODELS)}, got {preset!r}")
+    return cache_dir() / DEFAULT_MODELS[preset]
+
+
+def ensure_default_model(preset: str = "tiny") -> Path:
+    """The built-in tiny model of `preset`, created on first use."""
+    path = default_model_dir(preset)
     if (path / "model.safetensors").exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=path.name + ".", dir=path.parent))
-    make_tiny_model(tmp, preset="tiny")
+    make_tiny_model(tmp, preset=preset)
     shutil.rmtree(path, ignore_errors=True)  # a partial earlier attempt
     try:
         os.replace(tmp, path)

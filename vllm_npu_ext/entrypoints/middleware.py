@@ -6,6 +6,16 @@ over-long input, invalid `dimensions`). What it accepts, and OpenAI and
 text-embeddings-inference reject, is checked here: empty strings (vLLM would embed the bare
 EOS token and return a meaningless vector) and batches larger than the API allows.
 
+`ScoringRequestValidator` does the same for `/rerank` and `/score` (and their `/v1`, `/v2`
+aliases). vLLM answers 400 for an empty document list, non-string documents and a pair
+longer than the model length; it accepts an empty query, a negative `top_n` in vLLM 0.23
+(read as "every document"; 0.32 answers 400 itself), and, for Qwen3-Reranker,
+`truncate_prompt_tokens`, which cuts the templated prompt from its end: the assistant turn
+after which the score is read, so every truncated pair gets a wrong score.
+
+Every message starts with the name of the offending request field, which becomes the error's
+`param`.
+
 `ShutdownGuard` ends requests that are in flight when the engine stops. vLLM's server stops
 its engine before its HTTP server; a request whose engine output never came (the output
 task was cancelled before it saw the engine die) would wait for ever, and the HTTP server
@@ -22,6 +32,10 @@ from typing import Any
 
 EMBEDDING_PATHS = frozenset({"/v1/embeddings"})
 MAX_INPUTS = 2048  # OpenAI's limit on inputs per embeddings request
+RERANK_PATHS = frozenset({"/rerank", "/v1/rerank", "/v2/rerank"})
+SCORE_PATHS = frozenset({"/score", "/v1/score"})
+# The query side of a score request, under each of the field names vLLM accepts.
+SCORE_QUERY_FIELDS = ("queries", "data_1", "text_1")
 
 
 def validate_embedding_request(payload: Any) -> str | None:
@@ -45,32 +59,100 @@ def validate_embedding_request(payload: Any) -> str | None:
     return None
 
 
-class EmbeddingRequestValidator:
-    """ASGI middleware: a 400 with an OpenAI-style error body for requests vLLM would mis-serve."""
+def validate_scoring_request(path: str, payload: Any, qwen3_reranker: bool = False) -> str | None:
+    """An error message for a decoded rerank/score request body, or None.
+
+    `qwen3_reranker`: the server runs Qwen3-Reranker (`is_original_qwen3_reranker`), whose
+    prompt must not be truncated from its end.
+    """
+    if not isinstance(payload, dict):
+        return None
+    if path in RERANK_PATHS:
+        error = _empty_string_error("query", payload.get("query"))
+        top_n = payload.get("top_n")
+        if error is None and _is_int(top_n) and top_n < 0:
+            error = f"top_n must be >= 0 (0 returns every document), got {top_n}"
+    else:
+        fields = [name for name in SCORE_QUERY_FIELDS if name in payload]
+        error = next(filter(None, (_empty_string_error(f, payload[f]) for f in fields)), None)
+    if error is None and qwen3_reranker and payload.get("truncate_prompt_tokens") is not None:
+        error = (
+            "truncate_prompt_tokens is not supported for Qwen3-Reranker: it cuts the end of "
+            "the templated prompt, after which the score is read; limit documents with "
+            "max_tokens_per_doc (and queries with max_tokens_per_query) instead"
+        )
+    return error
+
+
+def _empty_string_error(name: str, value: Any) -> str | None:
+    if value == "":
+        return f"{name} must not be an empty string"
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            if item == "":
+                return f"{name}[{index}] must not be an empty string"
+    return None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+class _RequestValidator:
+    """ASGI middleware: a 400 with an OpenAI-style error body for POSTs to `paths` whose
+    JSON body `error_for` rejects; everything else passes through untouched."""
+
+    paths: frozenset[str] = frozenset()
 
     def __init__(self, app) -> None:
         self.app = app
 
+    def error_for(self, scope, payload: Any) -> str | None:
+        raise NotImplementedError
+
     async def __call__(self, scope, receive, send) -> None:
         if scope.get("type") != "http" or scope.get("method") != "POST":
             return await self.app(scope, receive, send)
-        if scope.get("path") not in EMBEDDING_PATHS:
+        if scope.get("path") not in self.paths:
             return await self.app(scope, receive, send)
         body, disconnected = await _read_body(receive)
         if disconnected:
             return None  # the client left; nothing to answer
-        error = _error_for(body)
+        try:
+            error = self.error_for(scope, json.loads(body))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            error = None  # vLLM reports malformed JSON itself
         if error is not None:
-            return await _send_error(send, error)
+            param = error.split(" ", 1)[0].split("[", 1)[0]
+            return await _send_error(send, error, param=param)
         return await self.app(scope, _replay(body, receive), send)
 
 
-def _error_for(body: bytes) -> str | None:
-    try:
-        payload = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return None  # vLLM reports malformed JSON itself
-    return validate_embedding_request(payload)
+class EmbeddingRequestValidator(_RequestValidator):
+    """`validate_embedding_request` on /v1/embeddings."""
+
+    paths = EMBEDDING_PATHS
+
+    def error_for(self, scope, payload: Any) -> str | None:
+        return validate_embedding_request(payload)
+
+
+class ScoringRequestValidator(_RequestValidator):
+    """`validate_scoring_request` on the rerank and score endpoints."""
+
+    paths = RERANK_PATHS | SCORE_PATHS
+
+    def error_for(self, scope, payload: Any) -> str | None:
+        return validate_scoring_request(scope["path"], payload, _serves_qwen3_reranker(scope))
+
+
+def _serves_qwen3_reranker(scope) -> bool:
+    """Whether the app's model is Qwen3-Reranker (vLLM 0.23 and 0.32 keep the VllmConfig in
+    `app.state.vllm_config`)."""
+    state = getattr(scope.get("app"), "state", None)
+    model_config = getattr(getattr(state, "vllm_config", None), "model_config", None)
+    hf_config = getattr(model_config, "hf_config", None)
+    return bool(getattr(hf_config, "is_original_qwen3_reranker", False))
 
 
 async def _read_body(receive) -> tuple[bytes, bool]:

@@ -14,6 +14,16 @@ vLLM first inspects the architecture to choose the runner (`runner_type` is not 
 that inspection passes through unchanged, so `--runner auto` decides as it does without the
 plugin. `register()` installs the wrappers in every vLLM process; `uninstall()` restores
 the methods. `VLLM_NPU_EXT_MODEL_OVERRIDE=0` leaves the registry alone.
+
+Rerankers (`Qwen3ForSequenceClassification`, as Qwen3-Reranker is served: `reranker.py`).
+vLLM has no class of that name: `_normalize_arch` (same code in 0.23 and 0.32) swaps the
+`ForSequenceClassification` suffix for `ForCausalLM` and wraps that class with
+`as_seq_cls_model`. So the alias below is deliberately left unregistered: our name for it,
+`VllmNpuExtQwen3ForSequenceClassification`, is rewritten the same way to our registered
+`VllmNpuExtQwen3ForCausalLM`, the adapter wraps our class, and the wrapper reports the
+checkpoint's name, on which vLLM's Qwen3-Reranker config hook is keyed. Registering a seq-cls
+class under the name instead would make vLLM resolve `convert=none` and skip the
+`from_2_way_softmax` set-up (a two-logit head that fails to load the one-logit weight).
 """
 
 from __future__ import annotations
@@ -24,8 +34,12 @@ from typing import Any
 from vllm_npu_ext import envs
 
 GENERATION_SWITCH = "VLLM_NPU_EXT_GENERATION"
-# checkpoint architecture -> the name our class is registered under.
-OVERRIDES: dict[str, str] = {"Qwen3ForCausalLM": "VllmNpuExtQwen3ForCausalLM"}
+# checkpoint architecture -> the name our class is registered under (or, for an alias that
+# vLLM's suffix rewrite turns into a registered name, that unregistered alias).
+OVERRIDES: dict[str, str] = {
+    "Qwen3ForCausalLM": "VllmNpuExtQwen3ForCausalLM",
+    "Qwen3ForSequenceClassification": "VllmNpuExtQwen3ForSequenceClassification",
+}
 WRAPPED_METHODS = ("resolve_model_cls", "inspect_model_cls")
 _ORIGINAL = "__vllm_npu_ext_original__"
 
@@ -68,11 +82,13 @@ def install(registrations: dict[str, str]) -> list[str]:
         if not hasattr(method, _ORIGINAL):
             setattr(registry_type, method_name, _wrap(method))
     generation = "pooling and generation" if envs.flag(GENERATION_SWITCH) else "pooling runs"
-    return [
-        f"{architecture} -> {registrations[ours]} for {generation}"
-        for architecture, ours in OVERRIDES.items()
-        if ours in registrations
-    ]
+    described = []
+    for architecture, ours in OVERRIDES.items():
+        if ours in registrations:
+            described.append(f"{architecture} -> {registrations[ours]} for {generation}")
+        else:  # an alias that vLLM's suffix rewrite turns into one of our names
+            described.append(f"{architecture} -> {ours} (vLLM's adapter over ours)")
+    return described
 
 
 def uninstall() -> None:
