@@ -55,10 +55,14 @@ def test_cache_free_attention_without_prefix_caching(rerank_engine_run):
 def test_emulated_pass_took_the_fused_npu_path(rerank_engine_run):
     from vllm_npu_ext.selfcheck.engine_probe import FUSED_OPERATORS
 
-    assert rerank_engine_run["npu_path"]
+    npu_path = rerank_engine_run["npu_path"]
+    assert npu_path["active"]
     assert "backend: NPU path (torch_npu emulator" in rerank_engine_run["log"]
     calls = rerank_engine_run["fused_calls"]
-    for operator in FUSED_OPERATORS.values():
-        assert calls.get(operator, 0) > 0, operator
-    # float32: attention through npu_fusion_attention (the fused-infer kernel has no float32)
-    assert calls.get("npu_fusion_attention", 0) > 0
+    # float32: q/k/v through the merged projection (npu_grouped_matmul takes float32 only as
+    # one tensor), attention through npu_fusion_attention (FIA has no float32)
+    assert set(npu_path["fusions"]) == set(FUSED_OPERATORS) - {"grouped_qkv"} | {"attention"}
+    for fusion in npu_path["fusions"]:
+        operator = f"npu_{npu_path['attention_op']}" if fusion == "attention" else None
+        assert calls.get(operator or FUSED_OPERATORS[fusion], 0) > 0, fusion
+    assert npu_path["attention_op"] == "fusion_attention"

@@ -8,8 +8,9 @@ float32) with the torch_npu emulator installed, so our model takes the NPU path.
 emulated NPU path, then, with the emulator switched off, on the platform path of the same
 engine. A case's instruction goes in per request (`chat_template_kwargs`).
 
-Saved (torch.save, a dict): `model_classes`, `npu_path` (the NPU path was active),
-`fused_calls` (fused torch_npu operator calls during the emulated scoring), `config`
+Saved (torch.save, a dict): `model_classes`, `npu_path` (`engine_probe.npu_path_info`:
+active, fusions, attention operator), `fused_calls` (fused torch_npu operator calls during the
+emulated scoring), `config`
 (architecture, convert type, num_labels, prefix caching, chunked prefill) and `scores`:
 {"emulated": [[float]] per case, "platform": [[float]] per case}.
 """
@@ -73,7 +74,7 @@ def main() -> None:
     )
     results = {
         "model_classes": llm.apply_model(engine_probe.class_names)[0],
-        "npu_path": llm.apply_model(lambda model: bool(model.model.npu_possible))[0],
+        "npu_path": llm.apply_model(engine_probe.npu_path_info)[0],
         "config": engine_config(llm),
         "scores": {"emulated": score_cases(llm, cases)},
         "fused_calls": dict(counter.counts),

@@ -71,7 +71,7 @@ def class_names(model) -> list[str]:
     return [f"{cls.__module__}.{cls.__name__}" for cls in type(model).__mro__]
 
 
-def _npu_path(model) -> dict:
+def npu_path_info(model) -> dict:
     inner = getattr(model, "model", None)
     parameter = next(model.parameters())
     fusions = getattr(inner, "fusions", None)
@@ -155,7 +155,7 @@ def build_llm(model: str, dtype: str, emulate: bool, compiled: bool = False, **e
 
 def probe(llm, texts: Sequence[str], emulate: bool) -> dict:
     """Everything the module docstring lists, for `texts` on the loaded engine."""
-    npu_path = llm.apply_model(_npu_path)[0]
+    npu_path = llm.apply_model(npu_path_info)[0]
     counter = _count_fused_calls(emulate)
     batch = embed(llm, texts)
     results = {
