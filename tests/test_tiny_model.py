@@ -48,3 +48,18 @@ def test_bad_arguments_raise(tmp_path):
         make_tiny_model(tmp_path / "x", hidden=3)
     with pytest.raises(ValueError, match="multiple of num_key_value_heads"):
         make_tiny_model(tmp_path / "x", num_key_value_heads=3)
+
+
+def test_attention_bias_gives_every_attention_projection_the_bias_hf_loads(tmp_path):
+    from safetensors.torch import load_file
+    from transformers import AutoModel
+
+    model_dir = make_tiny_model(tmp_path / "bias", attention_bias=True)
+    weights = load_file(str(model_dir / "model.safetensors"))
+    names = {name for name in weights if name.endswith(".bias")}
+    assert names == {
+        f"model.layers.{i}.self_attn.{p}_proj.bias" for i in range(2) for p in ("q", "k", "v", "o")
+    }
+    model = AutoModel.from_pretrained(str(model_dir))  # no randomly initialised leftovers
+    o_bias = model.layers[0].self_attn.o_proj.bias
+    assert o_bias is not None and o_bias.equal(weights["model.layers.0.self_attn.o_proj.bias"])
