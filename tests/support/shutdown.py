@@ -20,10 +20,10 @@ def load_in_background(server: Server, results: list, concurrency: int, count: i
     """A thread sending `count` short embedding requests; outcomes are appended to `results`."""
     model = served_model(server.base_url)
     requests = [Request({"model": model, "input": t}) for t in word_texts(count, 23, 5, 60)]
-    thread = threading.Thread(
-        target=lambda: results.extend(run_load(server.base_url, requests, concurrency, 60)[0]),
-        daemon=True,
-    )
+    def send() -> None:
+        results.extend(run_load(server.base_url, requests, concurrency, timeout=60)[0])
+
+    thread = threading.Thread(target=send, daemon=True)
     thread.start()
     return thread
 
