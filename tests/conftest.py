@@ -15,9 +15,7 @@ from support.engines import ENGINE_CONFIGS, EngineRuns, WorkerPool
 
 from vllm_npu_ext.tiny_model import make_tiny_model
 
-# The shared servers' flags: the tiny checkpoint in float32, short inputs, little memory.
 ENGINE_CONFIGS_NEEDED = pytest.StashKey[set]()
-SERVER_FLAGS = ["--dtype", "float32", "--max-model-len", "128", "--gpu-memory-utilization", "0.3"]
 
 
 def pytest_collection_modifyitems(config, items):
@@ -63,12 +61,12 @@ def engine_runs(worker_pool, tmp_path_factory, pytestconfig) -> EngineRuns:
 def embedding_server(tiny_model_dir, tmp_path_factory):
     """`vllm-npu-ext serve` on the tiny checkpoint (float32), shared by all HTTP tests."""
     from support.bootstrap_probe import probe_server_env
-    from support.server import running_server
+    from support.server import TEST_SERVER_FLAGS, running_server
 
     root = tmp_path_factory.mktemp("server")
     probe_dir = root / "probe"
     probe_dir.mkdir()
-    args = [str(tiny_model_dir), *SERVER_FLAGS]
+    args = [str(tiny_model_dir), *TEST_SERVER_FLAGS]
     with running_server(args, root / "server.log", probe_server_env(probe_dir)) as server:
         server.probe_dir = probe_dir
         yield server
@@ -78,9 +76,9 @@ def embedding_server(tiny_model_dir, tmp_path_factory):
 def emulated_embedding_server(tiny_model_dir, tmp_path_factory):
     """The same server with `VLLM_NPU_EXT_EMULATE=1`: every vLLM process installs the
     torch_npu emulator, so the model serves through its NPU path on the CPU."""
-    from support.server import running_server
+    from support.server import TEST_SERVER_FLAGS, running_server
 
     root = tmp_path_factory.mktemp("emulated_server")
-    args = [str(tiny_model_dir), *SERVER_FLAGS]
+    args = [str(tiny_model_dir), *TEST_SERVER_FLAGS]
     with running_server(args, root / "server.log", {"VLLM_NPU_EXT_EMULATE": "1"}) as server:
         yield server

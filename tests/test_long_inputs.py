@@ -19,7 +19,7 @@ import httpx
 import pytest
 from support.hf_oracle import MIN_COSINE
 from support.loadgen import Request, cosine, embed_alone, run_load, served_model, word_texts
-from support.server import running_server
+from support.server import TEST_SERVER_FLAGS, running_server
 from support.shutdown import engine_core_processes, freeze, group_alive_after, wait_exit
 from tokenizers import Tokenizer
 
@@ -49,8 +49,7 @@ def long_text(tokenizer) -> str:
 @pytest.fixture(scope="module")
 def chunked_server(tiny_model_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("chunked_server")
-    args = [str(tiny_model_dir), "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN),
-            "--gpu-memory-utilization", "0.3", "--pooler-config", json.dumps(CHUNKED_POOLER)]
+    args = [str(tiny_model_dir), *TEST_SERVER_FLAGS, "--pooler-config", json.dumps(CHUNKED_POOLER)]
     with running_server(args, root / "server.log") as server:
         yield server
 
