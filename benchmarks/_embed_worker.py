@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import TextMaker, chunks, pass_seed, peak_rss_gib  # noqa: E402
 
-from vllm_npu_ext.selfcheck.engine_probe import class_names  # noqa: E402
+from vllm_npu_ext.selfcheck.engine_probe import class_names, kv_cache_figures  # noqa: E402
 
 CHECK_TEXTS = 8
 
@@ -64,7 +64,9 @@ class VllmSide:
     def info(self) -> dict:
         config = self.llm.llm_engine.vllm_config
         return {
-            "kv_cache_bytes": sum(self.llm.collective_rpc(_kv_cache_bytes)),
+            "kv_cache_bytes": sum(
+                figures["allocated_bytes"] for figures in self.llm.collective_rpc(kv_cache_figures)
+            ),
             "prefix_caching": bool(config.cache_config.enable_prefix_caching),
             "chunked_prefill": bool(config.scheduler_config.enable_chunked_prefill),
             "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
@@ -73,30 +75,10 @@ class VllmSide:
         }
 
 
-def _kv_cache_bytes(worker) -> int:
-    """Bytes of KV cache the worker allocated (tensors sharing storage counted once)."""
-    storages = {}
-    for tensor in _tensors(worker.model_runner.kv_caches):
-        storage = tensor.untyped_storage()
-        storages[storage.data_ptr()] = storage.nbytes()
-    return sum(storages.values())
-
-
 def _torch_threads(worker) -> int:
     import torch
 
     return torch.get_num_threads()
-
-
-def _tensors(value):
-    if hasattr(value, "untyped_storage"):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _tensors(item)
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _tensors(item)
 
 
 class HfSide:

@@ -5,12 +5,16 @@
     python benchmarks/bench_serve.py --url http://127.0.0.1:8000
     python benchmarks/bench_serve.py --requests 2000 --concurrency 64   # the big load test
 
-For each concurrency level (default 1, 4, 16, 64), `--requests` requests are sent by that
-many closed-loop clients (each sends its next request when the previous one answers). Texts
-are new for every level (a prefix cache cannot answer them) with log-uniform lengths of
-`--min-words`..`--max-words` words; tokens are the server's own `usage.prompt_tokens`.
-Every `--probe-every`-th request repeats one of a few fixed probe texts: embeddings of the
-same text must agree whatever they were batched with (`min probe cos`, 1.0 = identical).
+First `--warmup` requests (untimed, texts of their own) warm the server and the clients.
+Then for each concurrency level (default 1, 4, 16, 64), `--requests` requests are sent by
+that many closed-loop clients (each sends its next request when the previous one answers).
+Every text is new to the server: each level and the warm-up draw their own texts, with
+log-uniform lengths of `--min-words`..`--max-words` words, so a prefix cache answers none
+of them from an earlier level. Within a level, every `--probe-every`-th request repeats one
+of that level's probe texts: embeddings of the same text must agree whatever they were
+batched with (`min probe cos`, 1.0 = identical); only those repeats can be prefix-cache
+hits. Tokens are the server's own `usage.prompt_tokens`. Failed requests are counted
+(`errors`) and left out of requests/s, tokens/s and the latency percentiles.
 
 Output: a markdown table, then one JSON line. Exit status 1 when a request failed or the
 probe embeddings disagree (below `--min-cosine`). `tests/test_load.py` and
@@ -27,6 +31,7 @@ import math
 import random
 import sys
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -173,9 +178,10 @@ def word_texts(count: int, seed: int, min_words: int, max_words: int) -> list[st
 def load_requests(
     model: str, count: int, seed: int, min_words: int, max_words: int, probe_every: int
 ) -> list[Request]:
-    """Mixed-length single-text requests; every `probe_every`-th repeats a probe text."""
+    """Mixed-length single-text requests, all texts drawn from `seed`; every
+    `probe_every`-th request repeats one of `PROBE_TEXTS` probe texts (also from `seed`)."""
     texts = word_texts(count, seed, min_words, max_words)
-    probes = word_texts(PROBE_TEXTS, 7, min_words, max_words)
+    probes = word_texts(PROBE_TEXTS, seed + 1, min_words, max_words)
     requests = []
     for i, text in enumerate(texts):
         if probe_every and i % probe_every == 0:
@@ -184,6 +190,11 @@ def load_requests(
         else:
             requests.append(Request({"model": model, "input": text}))
     return requests
+
+
+def level_seed(level: int | str) -> int:
+    """Texts of one concurrency level (or "warmup"): seeds 2 apart, texts and probes."""
+    return zlib.crc32(f"bench_serve/{level}".encode()) * 2
 
 
 def min_probe_cosine(outcomes: list[Outcome]) -> float:
@@ -199,19 +210,26 @@ def min_probe_cosine(outcomes: list[Outcome]) -> float:
 
 
 def summarise(outcomes: list[Outcome], wall: float) -> dict:
-    """requests/s and tokens/s of the successful requests, latency percentiles, errors."""
+    """requests/s, tokens/s and latency percentiles of the successful requests; errors
+    counted apart (a fast failure must not improve the latency figures)."""
     ok = [o for o in outcomes if o.ok]
-    latencies = sorted(o.seconds for o in outcomes)
+    latencies = sorted(o.seconds for o in ok)
     return {
         "requests": len(outcomes),
         "errors": len(outcomes) - len(ok),
         "requests_per_s": len(ok) / wall,
         "tokens_per_s": sum(o.prompt_tokens for o in ok) / wall,
-        "p50_ms": 1000 * median(latencies),
-        "p99_ms": 1000 * latencies[min(len(latencies) - 1, math.ceil(0.99 * len(latencies)) - 1)],
+        "p50_ms": 1000 * median(latencies) if latencies else math.nan,
+        "p99_ms": 1000 * percentile(latencies, 0.99) if latencies else math.nan,
         "min_probe_cosine": min_probe_cosine(outcomes),
         "first_errors": sorted({f"{o.status}: {o.error}" for o in outcomes if not o.ok})[:5],
     }
+
+
+def percentile(sorted_values: list[float], fraction: float) -> float:
+    """The nearest-rank percentile of a non-empty sorted list."""
+    rank = min(len(sorted_values), max(1, math.ceil(fraction * len(sorted_values))))
+    return sorted_values[rank - 1]
 
 
 def served_model(base_url: str) -> str:
@@ -230,6 +248,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--min-words", type=int, default=6)
     parser.add_argument("--max-words", type=int, default=380)
     parser.add_argument("--probe-every", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=32, help="untimed requests first")
     parser.add_argument("--min-cosine", type=float, default=0.99999)
     parser.add_argument("--timeout", type=float, default=300, help="seconds per request")
     parser.add_argument("--no-progress", action="store_true")
@@ -240,14 +259,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     model = args.model or served_model(args.url)
+    warmup = summarise(*_run_level(args, model, "warmup", args.warmup, max(args.concurrency)))
     rows, levels = [], {}
     for level in args.concurrency:
-        requests = load_requests(
-            model, args.requests, level, args.min_words, args.max_words, args.probe_every
-        )
-        outcomes, wall = run_load(
-            args.url, requests, level, timeout=args.timeout, progress=not args.no_progress
-        )
+        outcomes, wall = _run_level(args, model, level, args.requests, level)
         levels[level] = summary = summarise(outcomes, wall)
         rows.append([level, summary["requests"], summary["requests_per_s"],
                      summary["tokens_per_s"], summary["p50_ms"], summary["p99_ms"],
@@ -255,12 +270,26 @@ def main(argv=None) -> int:
     header = ["concurrency", "requests", "requests/s", "tokens/s", "p50 ms", "p99 ms",
               "errors", "min probe cos"]  # fmt: skip
     print(markdown_table(header, rows))
-    failed = any(s["errors"] or s["min_probe_cosine"] < args.min_cosine for s in levels.values())
-    line = json.dumps({"url": args.url, "model": model, "levels": levels, "ok": not failed})
+    failed = warmup["errors"] > 0 or any(
+        s["errors"] or s["min_probe_cosine"] < args.min_cosine for s in levels.values()
+    )
+    line = json.dumps({"url": args.url, "model": model, "warmup_errors": warmup["errors"],
+                       "levels": levels, "ok": not failed})  # fmt: skip
     if args.json_out:
         args.json_out.write_text(line + "\n")
     print(line)
     return 1 if failed else 0
+
+
+def _run_level(args, model: str, level, count: int, concurrency: int):
+    requests = load_requests(
+        model, count, level_seed(level), args.min_words, args.max_words, args.probe_every
+    )
+    if not requests:
+        return [], 1.0
+    return run_load(
+        args.url, requests, concurrency, timeout=args.timeout, progress=not args.no_progress
+    )
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from __future__ import annotations
 import httpx
 import pytest
 import torch
-from conftest import COMPILED_RUNS, ENGINE_CONFIGS, PARITY_TEXTS
+from support.engines import COMPILED_RUNS, ENGINE_CONFIGS, PARITY_TEXTS
 from support.hf_oracle import cosines, hf_embeddings
 
 from vllm_npu_ext.model_executor.layers import cache_free_op

@@ -1,31 +1,36 @@
-"""Load on the shared server: concurrent mixed-length requests, zero failures, and embeddings
+"""Load on the shared server: 2,000 concurrent requests of every kind at once, and embeddings
 that do not depend on what a text was batched with.
 
-The bigger run (2,000 requests per concurrency level, up to 64 clients) is
-`benchmarks/bench_serve.py --requests 2000`; this one is sized for CI.
+The mix (`load_mix`, tests/support/request_mix.py): embeddings (single texts and batches),
+embeddings with `dimensions`, and bad requests. Every good request must succeed with the
+right number and width of vectors, every probe text must embed as it does alone, every bad
+request must get a 400. The benchmark (`benchmarks/bench_serve.py --requests 2000`) sends
+the same way.
 """
 
 from __future__ import annotations
 
-import random
+from collections import Counter
 
 import pytest
 from support.hf_oracle import MIN_COSINE
-from support.loadgen import (
-    Request,
-    cosine,
-    embed_alone,
-    embed_batch,
-    run_load,
-    served_model,
-    summarise,
-    word_texts,
-)
+from support.loadgen import cosine, embed_alone, embed_batch, run_load, served_model, word_texts
+from support.request_mix import BadRequests, Embeddings, RequestKind, mixed_requests
 
 LOAD_REQUESTS = 2000
 CONCURRENCY = 64
 MAX_WORDS = 60  # the shared server's max-model-len is 128 tokens
-PROBES = 6
+
+
+def load_mix() -> dict[str, RequestKind]:
+    """The kinds of request in the load and their shares: one entry per kind."""
+    return {
+        "embedding": Embeddings(share=0.6, seed=5, max_words=MAX_WORDS),
+        "embedding with dimensions": Embeddings(
+            share=0.25, seed=8, extra={"dimensions": 32}, max_words=MAX_WORDS
+        ),
+        "bad request": BadRequests(share=0.15),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -33,50 +38,31 @@ def model(embedding_server):
     return served_model(embedding_server.base_url)
 
 
-def load_requests(model: str, probes: list[str]) -> list[Request]:
-    """Mostly single texts, some batches of 2-8; every 4th request carries a probe text."""
-    rng = random.Random(3)
-    fillers = iter(_texts(LOAD_REQUESTS * 8, seed=4))
-    requests = []
-    for i in range(LOAD_REQUESTS):
-        size = 1 if rng.random() < 0.7 else rng.randint(2, 8)
-        inputs = [next(fillers) for _ in range(size)]
-        probe = position = None
-        if i % 4 == 0:
-            probe, position = rng.randrange(len(probes)), rng.randrange(size)
-            inputs[position] = probes[probe]
-        body = {"model": model, "input": inputs[0] if size == 1 else inputs}
-        if probe is None:
-            requests.append(Request(body))
-        else:
-            requests.append(Request(body, probe=str(probe), probe_index=position))
-    return requests
-
-
-def _texts(count: int, seed: int) -> list[str]:
-    return word_texts(count, seed, 1, MAX_WORDS)
-
-
-def test_concurrent_mixed_requests_all_succeed_with_batch_independent_embeddings(
+def test_mixed_load_good_requests_succeed_bad_ones_get_400_and_probes_match_alone(
     embedding_server, model
 ):
-    probes = _texts(PROBES, seed=5)
-    reference = embed_alone(embedding_server.base_url, model, probes)
-    requests = load_requests(model, probes)
+    mix = load_mix()
+    for kind in mix.values():
+        kind.prepare(embedding_server.base_url, model)
+    tagged = mixed_requests(mix, LOAD_REQUESTS, seed=3)
+    requests = [request for _, request in tagged]
     outcomes, wall = run_load(embedding_server.base_url, requests, CONCURRENCY, timeout=120)
-    summary = summarise(outcomes, wall)
-    assert summary["errors"] == 0, summary["first_errors"]
-    probed = [o for o in outcomes if o.request.probe is not None]
-    assert len(probed) == LOAD_REQUESTS // 4
-    for outcome in probed:
-        vector = outcome.request.probe_embedding(outcome.embeddings)
-        assert cosine(vector, reference[int(outcome.request.probe)]) >= MIN_COSINE
-    assert summary["min_probe_cosine"] >= MIN_COSINE
-    print(f"load: {summary}")
+    failures, sent, probed = [], Counter(), Counter()
+    for (name, _), outcome in zip(tagged, outcomes, strict=True):
+        sent[name] += 1
+        probed[name] += outcome.request.probe is not None
+        try:
+            mix[name].check(outcome)
+        except AssertionError as error:
+            failures.append(f"{name}: {error}")
+    print(f"mixed load: {LOAD_REQUESTS} requests at concurrency {CONCURRENCY} in {wall:.1f} s; "
+          f"sent {dict(sent)}, probes {dict(probed)}, {len(failures)} wrong")  # fmt: skip
+    assert not failures, failures[:5]
+    assert set(sent) == set(mix) and all(probed[name] for name in mix if name != "bad request")
 
 
 def test_each_input_of_a_batch_matches_its_own_embedding(embedding_server, model):
-    texts = _texts(32, seed=6)
+    texts = word_texts(32, 6, 1, MAX_WORDS)
     alone = embed_alone(embedding_server.base_url, model, texts)
     batch = embed_batch(embedding_server.base_url, model, texts)
     assert min(cosine(a, b) for a, b in zip(batch, alone, strict=True)) >= MIN_COSINE

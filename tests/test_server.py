@@ -13,6 +13,7 @@ import numpy as np
 import openai
 import pytest
 import torch
+from support.bad_requests import BAD_INPUTS, MALFORMED_JSON
 from support.hf_oracle import MIN_COSINE, cosines, hf_embeddings
 
 TEXTS = ["What is the capital of France?", "a", "Paris is the capital of France. " * 3]
@@ -61,26 +62,9 @@ def test_served_by_our_model(embedding_server):
     assert "vllm_npu_ext.model_executor.models.qwen3.Qwen3ForCausalLM" in log
 
 
-BAD_REQUESTS = {
-    "empty string": {"input": ""},
-    "empty string in list": {"input": ["fine", ""]},
-    "empty list": {"input": []},
-    "token id outside the vocabulary": {"input": [[1, 2, 10**9]]},
-    "negative token id": {"input": [[3, -1]]},
-    "longer than max-model-len": {"input": "word " * 400},
-    "input of wrong type": {"input": 42},
-    "input object": {"input": {"text": "x"}},
-    "mixed list": {"input": ["a", 1]},
-    "dimensions too large": {"input": "x", "dimensions": 100000},
-    "dimensions zero": {"input": "x", "dimensions": 0},
-    "encoding_format unknown": {"input": "x", "encoding_format": "hex"},
-    "too many inputs": {"input": ["x"] * 2049},
-}
-
-
-@pytest.mark.parametrize("case", BAD_REQUESTS)
+@pytest.mark.parametrize("case", BAD_INPUTS)
 def test_bad_input_gets_400_and_server_keeps_serving(embedding_server, model_name, oracle, case):
-    response = _post(embedding_server, {"model": model_name, **BAD_REQUESTS[case]})
+    response = _post(embedding_server, {"model": model_name, **BAD_INPUTS[case]})
     assert response.status_code == 400, response.text
     assert response.json()["error"]["message"]
     _assert_still_serves(embedding_server, model_name, oracle)
@@ -88,7 +72,7 @@ def test_bad_input_gets_400_and_server_keeps_serving(embedding_server, model_nam
 
 def test_malformed_json_gets_400(embedding_server, model_name, oracle):
     response = httpx.post(
-        f"{embedding_server.base_url}/v1/embeddings", content=b'{"input": ["x"',
+        f"{embedding_server.base_url}/v1/embeddings", content=MALFORMED_JSON,
         headers={"content-type": "application/json"}, timeout=30,
     )  # fmt: skip
     assert response.status_code == 400

@@ -75,3 +75,18 @@ def test_reranker_checkpoint_layout(reranker_model_dir):
     assert tokenizer.eos_token == "<|im_end|>" and tokenizer.padding_side == "left"
     tokens = tokenizer.convert_ids_to_tokens(tokenizer("<think>\n\n</think>")["input_ids"])
     assert (tokens[0], tokens[-1]) == ("<think>", "</think>")
+
+
+def test_attention_bias_gives_every_attention_projection_the_bias_hf_loads(tmp_path):
+    from safetensors.torch import load_file
+    from transformers import AutoModel
+
+    model_dir = make_tiny_model(tmp_path / "bias", attention_bias=True)
+    weights = load_file(str(model_dir / "model.safetensors"))
+    names = {name for name in weights if name.endswith(".bias")}
+    assert names == {
+        f"model.layers.{i}.self_attn.{p}_proj.bias" for i in range(2) for p in ("q", "k", "v", "o")
+    }
+    model = AutoModel.from_pretrained(str(model_dir))  # no randomly initialised leftovers
+    o_bias = model.layers[0].self_attn.o_proj.bias
+    assert o_bias is not None and o_bias.equal(weights["model.layers.0.self_attn.o_proj.bias"])

@@ -176,7 +176,10 @@ def model_config(preset: str, vocab_size: int, eos_id: int, **overrides) -> dict
 
 
 def random_weights(config: dict, seed: int) -> dict[str, torch.Tensor]:
-    """Qwen3 weights under Hugging Face names; norm scales vary around 1."""
+    """Qwen3 weights under Hugging Face names; norm scales vary around 1.
+
+    With `attention_bias` the q/k/v/o projections get biases too (as Hugging Face's Qwen3
+    builds them), drawn like the weights."""
     generator = torch.Generator().manual_seed(seed)
     dtype = getattr(torch, config["torch_dtype"])
     hidden, inter = config["hidden_size"], config["intermediate_size"]
@@ -209,6 +212,9 @@ def random_weights(config: dict, seed: int) -> dict[str, torch.Tensor]:
                 p + "mlp.down_proj.weight": normal(hidden, inter),
             }
         )
+        if config["attention_bias"]:  # Hugging Face's Qwen3 then biases q, k, v and o
+            for name, size in (("q", q_size), ("k", kv_size), ("v", kv_size), ("o", hidden)):
+                weights[f"{p}self_attn.{name}_proj.bias"] = normal(size)
     weights["model.norm.weight"] = norm_scale(hidden)
     if not config["tie_word_embeddings"]:
         weights["lm_head.weight"] = normal(config["vocab_size"], hidden)

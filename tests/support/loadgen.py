@@ -17,6 +17,7 @@ if str(BENCHMARKS) not in sys.path:
 import bench_serve  # noqa: E402
 
 Request = bench_serve.Request
+Outcome = bench_serve.Outcome
 cosine = bench_serve.cosine
 run_load = bench_serve.run_load
 run_load_async = bench_serve.run_load_async

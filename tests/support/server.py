@@ -13,6 +13,12 @@ from pathlib import Path
 
 import httpx
 
+# The test servers' flags: the tiny checkpoints in float32 and short inputs. An explicit KV
+# cache size (what a cache-free pooling server ignores) also skips vLLM's start-up check that
+# a fraction of host memory is free, which fails whenever other servers hold memory.
+TEST_SERVER_FLAGS = ["--dtype", "float32", "--max-model-len", "128",
+                     "--kv-cache-memory-bytes", str(16 << 20)]  # fmt: skip
+
 
 def free_port() -> int:
     with socket.socket() as sock:

@@ -12,8 +12,9 @@ Saved (torch.save, a dict): `model_classes` (the model's MRO), `npu_path` (wheth
 path is active, its fusions, device and dtype), `batch` and `single` (embeddings of all texts
 in one call and of each text alone, float32 CPU `[B, H]`), `variants` (forward_packed
 last-token embeddings per fusion configuration: all_on, all_off, no_<fusion>; on an
-exception `variants_error` says why) and
-`fused_calls` (calls of each fused torch_npu operator during the batch embed).
+exception `variants_error` says why),
+`fused_calls` (calls of each fused torch_npu operator during the batch embed) and `kv_cache`
+(`kv_cache_figures` summed over the workers).
 
 The engine runs eagerly (`--enforce-eager`) so that the fused-call counts see every call a
 Python forward makes. `--compiled` instead runs vLLM's default graph mode (on Ascend:
@@ -69,6 +70,38 @@ class CallCounter:
 
 def class_names(model) -> list[str]:
     return [f"{cls.__module__}.{cls.__name__}" for cls in type(model).__mro__]
+
+
+def kv_cache_figures(worker) -> dict[str, int]:
+    """One worker's KV cache (`LLM.collective_rpc(kv_cache_figures)`).
+
+    `planned_bytes` and `num_blocks` are vLLM's own plan (`model_runner.kv_cache_config`);
+    `allocated_bytes` counts the tensors the runner holds (storage shared between layers
+    counted once). A cache-free pooling engine plans and allocates 0 bytes (vLLM 0.32 still
+    reports one nominal block, backed by no tensor).
+    """
+    runner = worker.model_runner
+    config = getattr(runner, "kv_cache_config", None)
+    storages = {}
+    for tensor in _tensors(getattr(runner, "kv_caches", ())):
+        storage = tensor.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+    return {
+        "planned_bytes": sum(t.size for t in config.kv_cache_tensors) if config else 0,
+        "num_blocks": config.num_blocks if config else 0,
+        "allocated_bytes": sum(storages.values()),
+    }
+
+
+def _tensors(value):
+    if hasattr(value, "untyped_storage"):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
 
 
 def npu_path_info(model) -> dict:
@@ -153,8 +186,9 @@ def build_llm(model: str, dtype: str, emulate: bool, compiled: bool = False, **e
     return LLM(**{**args, **engine_args})
 
 
-def probe(llm, texts: Sequence[str], emulate: bool) -> dict:
-    """Everything the module docstring lists, for `texts` on the loaded engine."""
+def probe(llm, texts: Sequence[str], emulate: bool, variants: bool = True) -> dict:
+    """Everything the module docstring lists, for `texts` on the loaded engine
+    (`variants` False: no forward_packed runs)."""
     npu_path = llm.apply_model(npu_path_info)[0]
     counter = _count_fused_calls(emulate)
     batch = embed(llm, texts)
@@ -166,8 +200,9 @@ def probe(llm, texts: Sequence[str], emulate: bool) -> dict:
         "single": torch.cat([embed(llm, [text]) for text in texts]),
         "variants": {},
         "variants_error": None,
+        "kv_cache": _summed(llm.collective_rpc(kv_cache_figures)),
     }
-    if npu_path["active"] and npu_path["forward_packed"]:
+    if variants and npu_path["active"] and npu_path["forward_packed"]:
         try:
             results["variants"] = fusion_variants(llm, texts)
         except Exception as error:  # keep the engine's results; report this one apart
@@ -194,6 +229,10 @@ def probe_compiled(llm, texts: Sequence[str]) -> dict:
     batch = embed(llm, texts)
     single = torch.cat([embed(llm, [text]) for text in texts])
     return {"batch": batch, "single": single, "compile": compile_counters()}
+
+
+def _summed(per_worker: list[dict[str, int]]) -> dict[str, int]:
+    return {key: sum(figures[key] for figures in per_worker) for key in per_worker[0]}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

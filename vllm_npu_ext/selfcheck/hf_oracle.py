@@ -25,7 +25,11 @@ def _model_and_tokenizer(model_dir: str, dtype: torch.dtype):
 def hf_embeddings(model_dir, texts: Sequence[str], dtype=torch.float32) -> torch.Tensor:
     """Float32 `[len(texts), H]`: each text alone (no padding), the last token's hidden state
     of the model loaded in `dtype` on the CPU, L2-normalised."""
-    model, tokenizer = _model_and_tokenizer(str(model_dir), dtype)
+    return embed_with(*_model_and_tokenizer(str(model_dir), dtype), texts)
+
+
+def embed_with(model, tokenizer, texts: Sequence[str]) -> torch.Tensor:
+    """`hf_embeddings` for a loaded transformers `Qwen3Model` and its tokenizer."""
     rows = []
     with torch.no_grad():
         for text in texts:

@@ -41,13 +41,16 @@ class Qwen3Attention(nn.Module):
         self.kv_size = self.num_kv_heads * self.head_dim
         self.scaling = self.head_dim**-0.5
 
+        # Hugging Face's Qwen3 gives q, k, v and o a bias when `attention_bias` is set. vLLM's
+        # own Qwen3 (0.32) builds o_proj without one, and its AutoWeightsLoader ignores
+        # unexpected ".bias" weights, so it silently serves such a checkpoint without o's.
+        bias = getattr(config, "attention_bias", False)
         self.qkv_proj = QKVParallelLinear(
-            config.hidden_size, self.head_dim, total_heads, total_kv_heads,
-            bias=getattr(config, "attention_bias", False), quant_config=quant_config,
-            prefix=f"{prefix}.qkv_proj",
+            config.hidden_size, self.head_dim, total_heads, total_kv_heads, bias=bias,
+            quant_config=quant_config, prefix=f"{prefix}.qkv_proj",
         )  # fmt: skip
         self.o_proj = RowParallelLinear(
-            total_heads * self.head_dim, config.hidden_size, bias=False,
+            total_heads * self.head_dim, config.hidden_size, bias=bias,
             quant_config=quant_config, prefix=f"{prefix}.o_proj",
         )  # fmt: skip
         self.rotary_emb = get_rope(
