@@ -85,7 +85,7 @@ def test_default_generation_is_vllms_own_qwen3_token_for_token(runs):
 
 
 OPT_IN_BACKENDS = {
-    "ours, platform path": "backend: platform kernels (cpu), torch.compile per vLLM",
+    "ours, platform path": "backend: platform kernels (cpu); compiled by vLLM",
     "ours, NPU path": "backend: NPU path (torch_npu emulator on the CPU)",
 }
 
@@ -101,8 +101,11 @@ def test_opt_in_generation_runs_our_class_and_equals_hf_generate(runs, hf_tokens
 
 def test_opt_in_generation_on_the_npu_path_runs_fused_operators(runs):
     calls = runs("ours, NPU path")["fused_calls"]
-    for operator in ("npu_grouped_matmul", "npu_rms_norm", "npu_rotary_mul", "npu_swiglu"):
+    for operator in ("npu_linear", "npu_rms_norm", "npu_add_rms_norm", "npu_rotary_mul",
+                     "npu_swiglu"):  # fmt: skip
         assert calls.get(operator, 0) > 0, calls
+    # float32: q/k/v through the merged projection (npu_grouped_matmul takes one tensor only).
+    assert not calls.get("npu_grouped_matmul"), calls
     # With a KV cache, attention goes through vLLM's attention layer, which owns the cache.
     assert not calls.get("npu_fusion_attention"), calls
 
