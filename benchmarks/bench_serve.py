@@ -62,6 +62,7 @@ class Request:
     probe_index: int = 0  # ... at this position of their input
     keep_embedding: bool = False
     path: str = EMBEDDINGS_PATH
+    base_url: str | None = None  # another server's, for one load over several servers
 
     def probe_embedding(self, embeddings: list[list[float]]) -> list[float]:
         return embeddings[self.probe_index]
@@ -91,7 +92,8 @@ class Outcome:
 async def _send(client: httpx.AsyncClient, base_url: str, request: Request) -> Outcome:
     start = time.perf_counter()
     try:
-        response = await client.post(base_url + request.path, **request.send_kwargs())
+        url = (request.base_url or base_url).rstrip("/") + request.path
+        response = await client.post(url, **request.send_kwargs())
     except httpx.HTTPError as error:
         return Outcome(request, 0, time.perf_counter() - start, error=repr(error))
     seconds = time.perf_counter() - start

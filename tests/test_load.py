@@ -2,8 +2,9 @@
 that do not depend on what a text was batched with.
 
 The mix (`load_mix`, tests/support/request_mix.py): embeddings (single texts and batches),
-embeddings with `dimensions`, and bad requests. Every good request must succeed with the
-right number and width of vectors, every probe text must embed as it does alone, every bad
+embeddings with `dimensions`, rerank requests (to the shared reranker server, at the same
+time) and bad requests. Every good request must succeed with the right number and width of
+vectors (or scores), every probe text or pair must embed or score as it does alone, every bad
 request must get a 400. The benchmark (`benchmarks/bench_serve.py --requests 2000`) sends
 the same way.
 """
@@ -15,20 +16,21 @@ from collections import Counter
 import pytest
 from support.hf_oracle import MIN_COSINE
 from support.loadgen import cosine, embed_alone, embed_batch, run_load, served_model, word_texts
-from support.request_mix import BadRequests, Embeddings, RequestKind, mixed_requests
+from support.request_mix import BadRequests, Embeddings, RequestKind, Rerank, mixed_requests
 
 LOAD_REQUESTS = 2000
 CONCURRENCY = 64
 MAX_WORDS = 60  # the shared server's max-model-len is 128 tokens
 
 
-def load_mix() -> dict[str, RequestKind]:
+def load_mix(reranker_server) -> dict[str, RequestKind]:
     """The kinds of request in the load and their shares: one entry per kind."""
     return {
-        "embedding": Embeddings(share=0.6, seed=5, max_words=MAX_WORDS),
+        "embedding": Embeddings(share=0.45, seed=5, max_words=MAX_WORDS),
         "embedding with dimensions": Embeddings(
-            share=0.25, seed=8, extra={"dimensions": 32}, max_words=MAX_WORDS
+            share=0.2, seed=8, extra={"dimensions": 32}, max_words=MAX_WORDS
         ),
+        "rerank": Rerank(share=0.2, server=reranker_server, seed=9, max_words=MAX_WORDS),
         "bad request": BadRequests(share=0.15),
     }
 
@@ -39,9 +41,9 @@ def model(embedding_server):
 
 
 def test_mixed_load_good_requests_succeed_bad_ones_get_400_and_probes_match_alone(
-    embedding_server, model
+    embedding_server, reranker_server, model
 ):
-    mix = load_mix()
+    mix = load_mix(reranker_server)
     for kind in mix.values():
         kind.prepare(embedding_server.base_url, model)
     tagged = mixed_requests(mix, LOAD_REQUESTS, seed=3)

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from support.bad_requests import bad_requests
 from support.hf_oracle import MIN_COSINE
 from support.loadgen import Outcome, Request, cosine, embed_alone, word_texts
+from support.rerank_servers import rerank_scores
 
 
 class RequestKind:
@@ -70,6 +71,45 @@ class Embeddings(RequestKind):
             vector = outcome.request.probe_embedding(outcome.embeddings)
             reference = self.references[int(outcome.request.probe)]
             assert cosine(vector, reference) >= MIN_COSINE, "probe differs from its alone run"
+
+
+class Rerank(RequestKind):
+    """/rerank on a reranker server of its own (a server serves one model): 1-4 documents per
+    request; every 4th request carries a probe pair, whose score must equal its alone run."""
+
+    MAX_SCORE_CHANGE = 1e-6
+
+    def __init__(self, share: float, server, seed: int, max_words: int = 60):
+        self.share, self.server, self.seed, self.max_words = share, server, seed, max_words
+        self.sent = 0
+
+    def prepare(self, base_url: str, model: str) -> None:
+        self.model = self.server.model  # this kind's own server, not the load's
+        self.probes = list(zip(word_texts(4, self.seed, 1, 12),
+                               word_texts(4, self.seed + 1, 1, self.max_words), strict=True))
+        self.references = [rerank_scores(self.server, query, [doc])[0]
+                           for query, doc in self.probes]  # fmt: skip
+        self.texts = _texts_forever(self.seed * 100_000 + 2, self.max_words)
+
+    def request(self, rng: random.Random) -> Request:
+        documents = [next(self.texts) for _ in range(rng.randint(1, 4))]
+        body = {"model": self.model, "query": next(self.texts), "documents": documents}
+        probe, position = None, 0
+        if self.sent % 4 == 0:
+            probe, position = rng.randrange(len(self.probes)), rng.randrange(len(documents))
+            body["query"], documents[position] = self.probes[probe]
+        self.sent += 1
+        key = None if probe is None else str(probe)
+        return Request(body, probe=key, probe_index=position, keep_embedding=True,
+                       path="/rerank", base_url=self.server.base_url)  # fmt: skip
+
+    def check(self, outcome: Outcome) -> None:
+        assert outcome.ok, f"{outcome.status}: {outcome.error}"
+        assert len(outcome.embeddings) == len(outcome.request.body["documents"])
+        if outcome.request.probe is not None:
+            score = outcome.request.probe_embedding(outcome.embeddings)[0]
+            reference = self.references[int(outcome.request.probe)]
+            assert abs(score - reference) <= self.MAX_SCORE_CHANGE, "probe differs from alone"
 
 
 class BadRequests(RequestKind):
