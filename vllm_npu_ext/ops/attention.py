@@ -19,8 +19,6 @@ Which operator takes which shapes in TND (`choose_operator`), from torch-npu 2.1
 - FA: float16, bfloat16, float32 (W:1566-1568); head_dim 1..768 (W:1644); q heads 1..256, a
   multiple of kv heads (W:1649); at most 1024 sequences in TND (W:1657).
 - both: T <= 1M tokens (W:1647, W:8674).
-
-The torch_npu emulator encodes the same limits on its own, from the same documents.
 """
 
 from __future__ import annotations

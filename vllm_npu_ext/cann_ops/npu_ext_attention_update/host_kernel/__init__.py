@@ -4,6 +4,5 @@
 host API subset op_host's tiling uses, each call following and checking its documented rules;
 `launch.cpp` runs op_host's tiling and then the kernel on every simulated vector core;
 `build.py` compiles both with the unchanged op_kernel/ and op_host/ sources into a cached
-shared library; `library.py` calls it from Python. The torch_npu emulator's
-NpuExtAttentionUpdate kernel is this build (vllm_npu_ext/emulator/cann_ops.py).
+shared library; `library.py` calls it from Python, which is how the operator runs on a CPU.
 """
