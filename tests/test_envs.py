@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from vllm_npu_ext import envs, qwen3_class
@@ -51,3 +53,18 @@ def test_describe_lists_every_variable(monkeypatch):
     described = envs.describe()
     assert set(described) == set(envs.VARIABLES)
     assert described["VLLM_NPU_EXT_FUSE_ROTARY"] == {"value": "0", "default": "1", "set": "true"}
+
+
+def test_one_cache_directory_for_models_templates_and_kernel_builds(monkeypatch, tmp_path):
+    from vllm_npu_ext import reranker, tiny_model
+    from vllm_npu_ext.cann_ops.npu_ext_attention_update.host_kernel import build
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("VLLM_NPU_EXT_HOST_KERNEL_CACHE", raising=False)
+    assert envs.cache_dir() == tmp_path / "vllm_npu_ext"
+    assert tiny_model.default_model_dir("tiny").parent == envs.cache_dir()
+    assert build.default_cache_dir() == envs.cache_dir() / "host-kernel"
+    template = reranker.template_path("Find code that answers the question")
+    assert template.parent == envs.cache_dir() / "templates"
+    monkeypatch.setenv("XDG_CACHE_HOME", "")
+    assert envs.cache_dir() == Path.home() / ".cache" / "vllm_npu_ext"

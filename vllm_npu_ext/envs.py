@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from pathlib import Path
 
 # Fusion name -> (fused NPU operator, unfused equivalent). Order is the README table's.
 FUSIONS: dict[str, tuple[str, str]] = {
@@ -86,7 +87,7 @@ VARIABLES: dict[str, tuple[str, str]] = {
     "VLLM_NPU_EXT_HOST_KERNEL_CACHE": (
         "",
         "directory of the host (g++) builds of our AscendC kernel that the emulator runs "
-        "(default: $XDG_CACHE_HOME/vllm-npu-ext/host-kernel, else ~/.cache/...)",
+        "(default: $XDG_CACHE_HOME/vllm_npu_ext/host-kernel, else ~/.cache/...)",
     ),
     "VLLM_NPU_EXT_SELFCHECK_EMULATE": (
         "0",
@@ -101,6 +102,13 @@ def get(name: str) -> str:
     if name not in VARIABLES:
         raise ValueError(f"unknown vllm-npu-ext environment variable: {name!r}")
     return os.environ.get(name, VARIABLES[name][0])
+
+
+def cache_dir() -> Path:
+    """The package's cache directory: $XDG_CACHE_HOME/vllm_npu_ext, else ~/.cache/vllm_npu_ext
+    (built-in models, generated templates, host kernel builds)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "vllm_npu_ext"
 
 
 def flag(name: str) -> bool:

@@ -20,6 +20,8 @@ import json
 import os
 from pathlib import Path
 
+from vllm_npu_ext.envs import cache_dir
+
 HF_OVERRIDES: dict = {
     "architectures": ["Qwen3ForSequenceClassification"],
     "classifier_from_token": ["no", "yes"],
@@ -68,8 +70,6 @@ def template_path(instruction: str | None = None, directory: Path | None = None)
     text = template_text(instruction)
     if text == TEMPLATE_PATH.read_text(encoding="utf-8"):
         return TEMPLATE_PATH
-    from vllm_npu_ext.tiny_model import cache_dir
-
     directory = directory or cache_dir() / "templates"
     digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
     path = directory / f"qwen3_reranker-{digest}.jinja"

@@ -21,6 +21,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from vllm_npu_ext.envs import cache_dir
+
 EOS_TOKEN = "<|endoftext|>"
 DEFAULT_MODEL_NAME = "tiny-qwen3"  # what `vllm-npu-ext serve` calls the built-in model
 DEFAULT_RERANKER_NAME = "tiny-qwen3-reranker"  # ... and the built-in reranker
@@ -263,12 +265,6 @@ def _check_shapes(config: dict) -> None:
 
 def _write_json(path: Path, data: dict) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-
-
-def cache_dir() -> Path:
-    """The package's cache directory (built-in models, generated templates)."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    return cache / "vllm_npu_ext"
 
 
 # preset -> the built-in model's directory name (and served name)

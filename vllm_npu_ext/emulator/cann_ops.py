@@ -6,7 +6,7 @@ go `[sp, N, D]`, the rules of `check_attention_update_args`) and then runs OUR A
 kernel source: op_host's tiling and op_kernel/'s kernel compiled for the host with g++
 (`cann_ops/npu_ext_attention_update/host_kernel`), on every simulated vector core of an
 Atlas A2 (40 cores, 192 KiB UB). The library is built on first use into
-`$VLLM_NPU_EXT_HOST_KERNEL_CACHE` (default ~/.cache/vllm-npu-ext/host-kernel); without a C++
+`$VLLM_NPU_EXT_HOST_KERNEL_CACHE` (default ~/.cache/vllm_npu_ext/host-kernel); without a C++
 compiler the call raises an error naming it. There is no fall-back to the PyTorch reference:
 the parity checks compare the kernel with the reference.
 

@@ -12,7 +12,7 @@ against the AscendC/CANN stand-ins in `host_kernel/shim/`, and linked into one s
 - host_kernel/launch.cpp (the launcher: tiling, then the kernel on every vector core).
 
 Objects and libraries land in a cache directory, `$VLLM_NPU_EXT_HOST_KERNEL_CACHE`, else
-`$XDG_CACHE_HOME/vllm-npu-ext/host-kernel` (`~/.cache/...`), named by a hash of the compiler
+`$XDG_CACHE_HOME/vllm_npu_ext/host-kernel` (`~/.cache/...`), named by a hash of the compiler
 (path and version), the flags and the bytes of every file the unit may read: the shim, the
 launcher, op_host/ and op_kernel/. The host units (tiling, launcher) cannot include the
 AscendC kernel class or entry, so those two files are left out of their hash: a modified
@@ -97,8 +97,7 @@ def default_cache_dir() -> Path:
     chosen = envs.get(CACHE_VARIABLE).strip()
     if chosen:
         return Path(chosen)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "vllm-npu-ext" / "host-kernel"
+    return envs.cache_dir() / "host-kernel"
 
 
 def units(kernel_dir: Path = KERNEL_DIR) -> list[Unit]:
