@@ -102,11 +102,12 @@ def reranker_model_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def rerank_engine_run(reranker_model_dir, tmp_path_factory) -> dict:
+def rerank_engine_run(worker_pool, reranker_model_dir, tmp_path_factory) -> dict:
     """`tests/support/rerank_engine_worker.py` on the tiny reranker: emulated, then platform."""
     from support.rerank_servers import run_rerank_engine
 
-    return run_rerank_engine(tmp_path_factory.mktemp("rerank_engine"), reranker_model_dir)
+    work_dir = tmp_path_factory.mktemp("rerank_engine")
+    return run_rerank_engine(worker_pool, work_dir, reranker_model_dir)
 
 
 @pytest.fixture(scope="session")

@@ -10,11 +10,11 @@ two at a time.
 from __future__ import annotations
 
 import json
-from importlib.metadata import distributions
 
 import pytest
 from support.engines import PARITY_TEXTS
 from support.hf_oracle import hf_greedy_tokens
+from support.scripts import load_script
 from tokenizers import Tokenizer
 
 from vllm_npu_ext.tiny_model import make_tiny_model
@@ -25,21 +25,12 @@ OUR_QWEN3 = "vllm_npu_ext.model_executor.models.qwen3.Qwen3ForCausalLM"
 PROMPTS = PARITY_TEXTS[:3]
 
 
-def plugins_but_ours() -> str:
-    """`VLLM_PLUGINS` that allows every installed vLLM plugin except this package's."""
-    names = {
-        point.name
-        for distribution in distributions()
-        for point in distribution.entry_points
-        if point.group.startswith("vllm.") and not point.value.startswith("vllm_npu_ext")
-    }
-    return ",".join(sorted(names))
-
-
+# `VLLM_PLUGINS` allowing every installed vLLM plugin but ours: the benchmarks' "stock" side.
+PLUGINS_BUT_OURS = load_script("benchmarks/bench_embed.py").vllm_plugins(include_ours=False)
 # configuration -> (environment, worker flags)
 RUNS: dict[str, tuple[dict[str, str], list[str]]] = {
     "plugin default": ({}, []),
-    "plugin excluded": ({"VLLM_PLUGINS": plugins_but_ours()}, []),
+    "plugin excluded": ({"VLLM_PLUGINS": PLUGINS_BUT_OURS}, []),
     "ours, platform path": ({"VLLM_NPU_EXT_GENERATION": "1"}, ["--compile"]),
     "ours, NPU path": ({"VLLM_NPU_EXT_GENERATION": "1"}, ["--emulate"]),
 }

@@ -64,6 +64,6 @@ def qwen3_class() -> str:
     """The lazy "module:Class" we register: with or without a KV cache for pooling runs."""
     from vllm_npu_ext import envs
 
-    cache_free = envs.flag("VLLM_NPU_EXT_KV_CACHE_FREE")
+    cache_free = envs.flag(envs.KV_CACHE_FREE_SWITCH)
     name = "Qwen3ForCausalLM" if cache_free else "Qwen3KVCacheForCausalLM"
     return f"{QWEN3_MODULE}:{name}"

@@ -30,6 +30,7 @@ FUSIONS: dict[str, tuple[str, str]] = {
 
 MASTER_SWITCH = "VLLM_NPU_EXT_FUSED"
 COMPILE_SWITCH = "VLLM_NPU_EXT_COMPILE"
+KV_CACHE_FREE_SWITCH = "VLLM_NPU_EXT_KV_CACHE_FREE"
 ATTENTION_OP = "VLLM_NPU_EXT_ATTENTION_OP"
 ATTENTION_OPS = ("fused_infer_attention_score", "fusion_attention")
 
@@ -48,7 +49,7 @@ VARIABLES: dict[str, tuple[str, str]] = {
         "1: every vLLM process installs the torch_npu emulator, so the NPU path runs on the "
         "CPU (a functional check of a whole server; nothing is measured)",
     ),
-    "VLLM_NPU_EXT_KV_CACHE_FREE": (
+    KV_CACHE_FREE_SWITCH: (
         "1",
         "1: pooling runs allocate and write no KV cache (prefix caching and chunked prefill "
         "are then off); 0: keep vLLM's KV cache for pooling",

@@ -15,6 +15,7 @@ fused NPU path and cache-free attention, as for embeddings.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -49,11 +50,16 @@ def prompt(query: str, document: str, instruction: str | None = None) -> str:
     return PROMPT_PREFIX + body + PROMPT_SUFFIX
 
 
+@functools.cache
+def _shipped_template() -> str:
+    return TEMPLATE_PATH.read_text(encoding="utf-8")
+
+
 def template_text(instruction: str | None = None) -> str:
     """The chat template, with `instruction` as its default instruction when given."""
     if instruction is not None and not isinstance(instruction, str):
         raise TypeError(f"instruction must be a string, got {type(instruction).__name__}")
-    text = TEMPLATE_PATH.read_text(encoding="utf-8")
+    text = _shipped_template()
     if not instruction or instruction == DEFAULT_INSTRUCTION:
         return text
     default_literal = json.dumps(DEFAULT_INSTRUCTION)
@@ -68,7 +74,7 @@ def template_path(instruction: str | None = None, directory: Path | None = None)
     """A file holding `template_text(instruction)`: the shipped one for the default
     instruction, else a copy named by its content in `directory` (default: the cache)."""
     text = template_text(instruction)
-    if text == TEMPLATE_PATH.read_text(encoding="utf-8"):
+    if text == _shipped_template():
         return TEMPLATE_PATH
     directory = directory or cache_dir() / "templates"
     digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]

@@ -26,7 +26,8 @@ from vllm_npu_ext.envs import cache_dir
 EOS_TOKEN = "<|endoftext|>"
 DEFAULT_MODEL_NAME = "tiny-qwen3"  # what `vllm-npu-ext serve` calls the built-in model
 DEFAULT_RERANKER_NAME = "tiny-qwen3-reranker"  # ... and the built-in reranker
-SPECIAL_TOKENS = [EOS_TOKEN, "<|im_start|>", "<|im_end|>"]
+CHAT_EOS_TOKEN = "<|im_end|>"  # Qwen3-Reranker's (a chat model's) EOS
+SPECIAL_TOKENS = [EOS_TOKEN, "<|im_start|>", CHAT_EOS_TOKEN]
 THINK_TOKENS = ["<think>", "</think>"]
 ANSWER_TOKENS = ("no", "yes")  # Qwen3-Reranker's classifier_from_token
 
@@ -138,8 +139,8 @@ def _reranker_lines() -> list[str]:
 def _tokenizer_config(reranker: bool) -> dict:
     return {
         "tokenizer_class": "PreTrainedTokenizerFast",
-        # Qwen3-Reranker's (a chat model's) EOS is <|im_end|>; it pads with <|endoftext|>.
-        "eos_token": "<|im_end|>" if reranker else EOS_TOKEN,
+        # Qwen3-Reranker ends turns with <|im_end|> and pads with <|endoftext|>.
+        "eos_token": CHAT_EOS_TOKEN if reranker else EOS_TOKEN,
         "pad_token": EOS_TOKEN,
         "padding_side": "left",
         "model_max_length": 131072,
@@ -239,7 +240,7 @@ def make_tiny_model(
     tokenizer = build_tokenizer(PRESETS[preset]["tokenizer_vocab_size"], reranker)
     # Round the embedding table up to a multiple of 64, as Qwen's checkpoints do.
     vocab_size = -(-tokenizer.get_vocab_size() // 64) * 64
-    eos_id = tokenizer.token_to_id("<|im_end|>" if reranker else EOS_TOKEN)
+    eos_id = tokenizer.token_to_id(CHAT_EOS_TOKEN if reranker else EOS_TOKEN)
     config = model_config(preset, vocab_size, eos_id, **overrides)
     _check_shapes(config)
 

@@ -18,14 +18,11 @@ from pathlib import Path
 
 import torch
 
+from support.server import KV_CACHE_BYTES
 from vllm_npu_ext.tiny_model import corpus, make_tiny_model
 
 SUPPORT_DIR = Path(__file__).resolve().parent
 WORKER_TIMEOUT_S = 900
-# Every engine gets this KV cache size (what a cache-free engine ignores): enough for the
-# tiny checkpoints' few sequences (~1 KiB per token), and an explicit size skips vLLM's
-# start-up check that a fraction of host memory is free, which fails on a busy machine.
-KV_CACHE_BYTES = 16 << 20
 
 # Odd lengths on purpose: 1-token inputs, repeated words, digits, punctuation.
 PARITY_TEXTS = [

@@ -20,8 +20,7 @@ import os
 import sys
 
 import torch
-
-KV_CACHE_BYTES = 16 << 20  # ~1 KiB per token for the tiny model; no memory-fraction sizing
+from server import KV_CACHE_BYTES  # this script's directory, tests/support, is on sys.path
 
 
 def main() -> None:
@@ -48,10 +47,7 @@ def main() -> None:
         model=args.model, runner="generate", dtype="float32", max_model_len=256, seed=0,
         enforce_eager=not args.compile, kv_cache_memory_bytes=KV_CACHE_BYTES,
     )  # fmt: skip
-    counter = engine_probe.CallCounter(
-        sys.modules["torch_npu"] if args.emulate else None,
-        [*engine_probe.FUSED_OPERATORS.values(), *engine_probe.ATTENTION_OPERATORS],
-    )
+    counter = engine_probe.fused_call_counter(sys.modules["torch_npu"] if args.emulate else None)
     greedy = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True)
     prompts = [{"prompt_token_ids": ids} for ids in json.loads(args.prompts)]
     outputs = llm.generate(prompts, greedy, use_tqdm=False)

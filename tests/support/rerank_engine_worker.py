@@ -69,9 +69,7 @@ def main() -> None:
     )
     from vllm_npu_ext import emulator
 
-    counter = engine_probe.CallCounter(
-        emulator, [*engine_probe.FUSED_OPERATORS.values(), *engine_probe.ATTENTION_OPERATORS]
-    )
+    counter = engine_probe.fused_call_counter(emulator)
     results = {
         "model_classes": llm.apply_model(engine_probe.class_names)[0],
         "npu_path": llm.apply_model(engine_probe.npu_path_info)[0],

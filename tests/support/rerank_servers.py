@@ -1,7 +1,8 @@
 """Reranker engines and servers for the tests: started once, shared, always stopped.
 
-- `run_rerank_engine`: one in-process engine subprocess (`rerank_engine_worker.py`) that
-  scores `ENGINE_CASES` on the emulated NPU path, then on the platform path.
+- `run_rerank_engine`: one in-process engine subprocess (`rerank_engine_worker.py`, run by
+  the session's `WorkerPool`) that scores `ENGINE_CASES` on the emulated NPU path, then on
+  the platform path.
 - `reranker_server`: `vllm-npu-ext serve --reranker` with no model (the built-in tiny
   reranker, created in a private cache directory), float32, on the platform path.
 - `emulated_reranker_server`: the same command on an untied-embedding tiny reranker with
@@ -16,18 +17,15 @@ from __future__ import annotations
 
 import contextlib
 import json
-import subprocess
-import sys
 from pathlib import Path
 from unittest import mock
 
 import httpx
-import torch
 
+from support.engines import WorkerPool
 from support.server import running_server
 from vllm_npu_ext.tiny_model import DEFAULT_RERANKER_NAME, default_model_dir, make_tiny_model
 
-SUPPORT_DIR = Path(__file__).resolve().parent
 MAX_MODEL_LEN = 512
 SERVER_ARGS = ["--reranker", "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN),
                "--gpu-memory-utilization", "0.3"]  # fmt: skip
@@ -51,17 +49,12 @@ ENGINE_CASES = [
 ]
 
 
-def run_rerank_engine(work_dir: Path, model_dir: Path) -> dict:
+def run_rerank_engine(pool: WorkerPool, work_dir: Path, model_dir: Path) -> dict:
     """The engine worker's results for `ENGINE_CASES`, plus its log."""
-    out = work_dir / "rerank_engine.pt"
-    command = [
-        sys.executable, str(SUPPORT_DIR / "rerank_engine_worker.py"), "--model", str(model_dir),
-        "--out", str(out), "--cases", json.dumps(ENGINE_CASES),
-    ]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
-    if done.returncode != 0:
-        raise RuntimeError(f"reranker engine run failed:\n{done.stderr[-6000:]}")
-    return {**torch.load(out), "log": done.stdout + done.stderr}
+    args = ["--model", str(model_dir), "--cases", json.dumps(ENGINE_CASES)]
+    pool.submit("rerank_engine", "rerank_engine_worker.py", args, work_dir / "rerank_engine.pt")
+    pool.wait(["rerank_engine"])
+    return pool.result("rerank_engine")
 
 
 @contextlib.contextmanager

@@ -13,11 +13,13 @@ from pathlib import Path
 
 import httpx
 
-# The test servers' flags: the tiny checkpoints in float32 and short inputs. An explicit KV
-# cache size (what a cache-free pooling server ignores) also skips vLLM's start-up check that
-# a fraction of host memory is free, which fails whenever other servers hold memory.
+# The KV cache of every test server and engine (what a cache-free pooling one ignores): enough
+# for the tiny checkpoints' few sequences (~1 KiB per token). An explicit size also skips
+# vLLM's start-up check that a fraction of host memory is free, which fails on a busy machine.
+KV_CACHE_BYTES = 16 << 20
+# The test servers' flags: the tiny checkpoints in float32 and short inputs.
 TEST_SERVER_FLAGS = ["--dtype", "float32", "--max-model-len", "128",
-                     "--kv-cache-memory-bytes", str(16 << 20)]  # fmt: skip
+                     "--kv-cache-memory-bytes", str(KV_CACHE_BYTES)]  # fmt: skip
 
 
 def free_port() -> int:

@@ -40,6 +40,8 @@ OVERRIDES: dict[str, str] = {
     "Qwen3ForCausalLM": "VllmNpuExtQwen3ForCausalLM",
     "Qwen3ForSequenceClassification": "VllmNpuExtQwen3ForSequenceClassification",
 }
+# our registered name -> the checkpoint architecture vLLM reports for it
+CHECKPOINT_NAMES = {ours: architecture for architecture, ours in OVERRIDES.items()}
 WRAPPED_METHODS = ("resolve_model_cls", "inspect_model_cls")
 _ORIGINAL = "__vllm_npu_ext_original__"
 
@@ -63,8 +65,7 @@ def _wrap(method):
             return method(self, architectures, model_config, *args, **kwargs)
         result, name = method(self, substituted(architectures), model_config, *args, **kwargs)
         # Report the checkpoint's architecture name, as vLLM does for the class it resolves.
-        checkpoint_names = {ours: architecture for architecture, ours in OVERRIDES.items()}
-        return result, checkpoint_names.get(name, name)
+        return result, CHECKPOINT_NAMES.get(name, name)
 
     setattr(wrapper, _ORIGINAL, method)
     return wrapper

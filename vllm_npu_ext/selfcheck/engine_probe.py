@@ -154,11 +154,17 @@ def fusion_variants(llm, texts: Sequence[str]) -> dict[str, torch.Tensor]:
     return llm.apply_model(run)[0]
 
 
+def fused_call_counter(module) -> CallCounter:
+    """Counts the calls of every fused operator (and both attention operators) of `module`
+    (torch_npu or its emulator; None counts nothing) from now on."""
+    return CallCounter(module, [*FUSED_OPERATORS.values(), *ATTENTION_OPERATORS])
+
+
 def _count_fused_calls(emulate: bool) -> CallCounter:
     from vllm_npu_ext.ops import dispatch
 
     module = dispatch.emulator() if emulate else dispatch.npu_ops_for_device(torch.device("npu"))
-    return CallCounter(module, [*FUSED_OPERATORS.values(), *ATTENTION_OPERATORS])
+    return fused_call_counter(module)
 
 
 def build_llm(model: str, dtype: str, emulate: bool, compiled: bool = False, **engine_args):

@@ -37,7 +37,7 @@ from vllm_npu_ext.patches import vllm_model_registry
 logger = get_logger(__name__)
 
 ARCHITECTURE = "Qwen3ForCausalLM"  # the checkpoint name vLLM keys MODELS_CONFIG_MAP with
-CACHE_FREE_SWITCH = "VLLM_NPU_EXT_KV_CACHE_FREE"
+CACHE_FREE_SWITCH = envs.KV_CACHE_FREE_SWITCH
 
 
 def kv_cache_features(vllm_config: Any) -> list[str]:
