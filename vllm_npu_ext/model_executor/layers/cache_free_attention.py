@@ -15,7 +15,11 @@ import functools
 
 import torch
 from vllm.model_executor.layers.attention import Attention
-from vllm.v1.attention.backend import AttentionBackend, AttentionType, subclass_attention_backend
+from vllm.v1.attention.backend import (
+    AttentionBackend,
+    AttentionType,
+    subclass_attention_backend_with_overrides,
+)
 from vllm.v1.attention.selector import get_attn_backend
 
 from vllm_npu_ext import compat
@@ -24,7 +28,9 @@ from vllm_npu_ext.ops.packed import PackedSeqs
 
 @functools.cache
 def cache_free_causal_backend(backend: type[AttentionBackend]) -> type[AttentionBackend]:
-    """`backend` with a metadata builder that keeps attention causal and records PackedSeqs."""
+    """`backend` with a metadata builder that keeps attention causal and records PackedSeqs,
+    and an implementation that honours that causality on every vLLM version we support
+    (`compat.causal_impl_cls`)."""
     base_builder = backend.get_builder_cls()
 
     class CacheFreeCausalBuilder(base_builder):  # type: ignore[misc, valid-type]
@@ -35,7 +41,12 @@ def cache_free_causal_backend(backend: type[AttentionBackend]) -> type[Attention
             setattr(metadata, compat.PACKED_SEQS_ATTR, seqs)
             return metadata
 
-    return subclass_attention_backend("CacheFreeCausal_", backend, CacheFreeCausalBuilder)
+    impl = compat.causal_impl_cls(backend.get_impl_cls())
+    overrides = {
+        "get_builder_cls": staticmethod(lambda: CacheFreeCausalBuilder),
+        "get_impl_cls": staticmethod(lambda: impl),
+    }
+    return subclass_attention_backend_with_overrides("CacheFreeCausal_", backend, overrides)
 
 
 class CacheFreeCausalAttention(Attention):
