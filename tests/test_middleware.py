@@ -10,6 +10,7 @@ import time
 import types
 
 import pytest
+from vllm.exceptions import VLLMNotFoundError
 
 from vllm_npu_ext.entrypoints.middleware import (
     MAX_INPUTS,
@@ -28,10 +29,14 @@ from vllm_npu_ext.entrypoints.middleware import (
         ({"input": ""}, "input must not be an empty string"),
         ({"input": ["a", ""]}, r"input\[1\] must not be an empty string"),
         ({"input": ["a"] * (MAX_INPUTS + 1)}, "at most 2048"),
+        # vLLM 0.23 embeds these (0.32 answers 400 itself)
+        ({"input": [[3, -1]]}, r"input\[0\]\[1\] must be a token id >= 0, got -1"),
+        ({"input": [5, -2]}, r"input\[1\] must be a token id >= 0, got -2"),
+        ({"input": "x", "dimensions": 129}, "dimensions must be between 1 and 128"),
     ],
 )
 def test_rejected_payloads(payload, message):
-    error = validate_embedding_request(payload)
+    error = validate_embedding_request(payload, embedding_size=128)
     assert error is not None and re.search(message, error)
 
 
@@ -42,6 +47,15 @@ def test_rejected_payloads(payload, message):
 )  # fmt: skip
 def test_payloads_left_to_vllm(payload):
     assert validate_embedding_request(payload) is None
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [{"input": "x", "dimensions": 128}, {"input": "x", "dimensions": 0},  # vLLM: 400 itself
+     {"input": [[0, 5]]}, {"input": [[1, "a"]]}],
+)  # fmt: skip
+def test_in_range_payloads_left_to_vllm(payload):
+    assert validate_embedding_request(payload, embedding_size=128) is None
 
 
 @pytest.mark.parametrize(
@@ -120,6 +134,73 @@ def _call(path: str, body: bytes, method: str = "POST", validator=EmbeddingReque
     scope = {"type": "http", "method": method, "path": path, "app": app}
     asyncio.run(validator(downstream)(scope, receive, send))
     return seen, sent
+
+
+@pytest.mark.parametrize(
+    ("model_config", "status"),
+    [({"embedding_size": 64, "hf_config": types.SimpleNamespace(hidden_size=256)}, 400),  # 0.32
+     ({"hf_config": types.SimpleNamespace(hidden_size=64)}, 400),  # 0.23: the hidden size
+     ({"hf_config": types.SimpleNamespace(hidden_size=256)}, 200), ({}, 200)],
+)  # fmt: skip
+def test_dimensions_bounded_by_the_served_model(model_config, status):
+    config = types.SimpleNamespace(model_config=types.SimpleNamespace(**model_config))
+    app = types.SimpleNamespace(state=types.SimpleNamespace(vllm_config=config))
+    body = json.dumps({"input": "x", "dimensions": 100}).encode()
+    seen, sent = _call("/v1/embeddings", body, app=app)
+    assert sent[0]["status"] == status
+    if status == 400:
+        assert json.loads(sent[1]["body"])["error"]["param"] == "dimensions"
+
+
+def _raising_app(exc: Exception, after_start: bool = False):
+    async def app(scope, receive, send):
+        await receive()
+        if after_start:
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+        raise exc
+
+    return app
+
+
+@pytest.mark.parametrize("validator", [EmbeddingRequestValidator, ScoringRequestValidator])
+@pytest.mark.parametrize(
+    ("exc", "status"),
+    [(ValueError("Token id 7 is out of vocabulary"), 400), (TypeError("bad type"), 400),
+     (VLLMNotFoundError("The model `x` does not exist."), 404)],
+)  # fmt: skip
+def test_client_errors_vllm_raises_are_answered_not_reraised(validator, exc, status):
+    """vLLM 0.23 raises these out of its handlers; its catch-all answer re-raises them (a
+    traceback in the log per bad request, the connection closed). The validators answer them
+    as vLLM does."""
+    path = "/v1/embeddings" if validator is EmbeddingRequestValidator else "/rerank"
+    sent = []
+
+    async def receive():
+        return {"type": "http.request", "body": b'{"input": "x", "query": "q"}'}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": path, "app": None}
+    asyncio.run(validator(_raising_app(exc))(scope, receive, send))
+    error = json.loads(sent[1]["body"])["error"]
+    assert sent[0]["status"] == status == error["code"] and error["message"] == str(exc)
+
+
+@pytest.mark.parametrize(
+    ("exc", "after_start"), [(RuntimeError("engine bug"), False), (ValueError("late"), True)]
+)
+def test_server_errors_and_late_errors_still_propagate(exc, after_start):
+    async def receive():
+        return {"type": "http.request", "body": b'{"input": "x"}'}
+
+    async def send(message):
+        pass
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/embeddings", "app": None}
+    app = EmbeddingRequestValidator(_raising_app(exc, after_start))
+    with pytest.raises(type(exc)):
+        asyncio.run(app(scope, receive, send))
 
 
 def test_middleware_answers_400_without_calling_vllm():

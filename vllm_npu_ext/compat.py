@@ -21,6 +21,11 @@ Differences found so far and how they are handled:
   Hugging Face. `causal_impl_cls` gives such a backend an implementation that honours the
   metadata (the engine parity tests, `tests/test_model_parity.py`, and the reranker's,
   `tests/test_reranker_engine.py`: on 0.23 they fail without it).
+- HTTP errors: 0.23's catch-all exception handler answers a `ValueError` from input checks
+  with 400 but re-raises it (a traceback in the server log per bad request), and 0.23 accepts
+  negative token ids and a `dimensions` above the embedding size; 0.32 answers all of these
+  400 itself. Handled by our request validators (`entrypoints/middleware.py`; tested by
+  `tests/test_server.py` and `tests/test_faults.py` on both).
 - `get_rope` gained `mrope_positions_factor` in 0.32; we do not pass it.
 - Graph modes: `MODELS_CONFIG_MAP` (per-architecture config hooks), `CUDAGraphMode` and the
   class-level default splitting ops `CompilationConfig._attention_ops` have the same names and
@@ -132,6 +137,18 @@ def causal_impl_cls(impl_cls: type) -> type:
 
     CausalSdpaImpl.__name__ = CausalSdpaImpl.__qualname__ = f"CausalSdpa{impl_cls.__name__}"
     return CausalSdpaImpl
+
+
+def create_error_response(exc: Exception) -> Any:
+    """vLLM's own `ErrorResponse` for an exception a request handler raised (its status in
+    `.error.code`: 4xx for client errors, as vLLM's exception handlers answer them)."""
+    try:  # vLLM 0.32
+        from vllm.entrypoints.serve.exception_handling.error_response import (
+            create_error_response as create,
+        )
+    except ImportError:  # vLLM 0.23
+        from vllm.entrypoints.serve.utils.error_response import create_error_response as create
+    return create(exc)
 
 
 def query_start_loc_cpu(common_attn_metadata: Any) -> torch.Tensor:

@@ -16,6 +16,16 @@ after which the score is read, so every truncated pair gets a wrong score.
 Every message starts with the name of the offending request field, which becomes the error's
 `param`.
 
+vLLM 0.23 also lets the exceptions of its input checks (an empty input list, a token id past
+the vocabulary, `dimensions` below 1, an unknown model) reach its catch-all exception handler,
+which answers 400 (404) but re-raises, so uvicorn logs "Exception in ASGI application" and a
+traceback for each bad request and closes its connection; 0.32 answers them without one.
+0.23 accepts negative token ids (0.32 answers 400) and a `dimensions` above the embedding size
+(it returns the whole vector; 0.32 answers 400). The validators check those two, and answer
+an exception that vLLM raises for one of their requests, when vLLM's own error response for it
+is a client error (a `ValueError` is a 400, an unknown model a 404), with that response,
+without the traceback (tested on both versions: tests/test_server.py, tests/test_faults.py).
+
 `ShutdownGuard` ends requests that are in flight when the engine stops. vLLM's server stops
 its engine before its HTTP server; a request whose engine output never came (the output
 task was cancelled before it saw the engine die) would wait for ever, and the HTTP server
@@ -30,6 +40,9 @@ import contextlib
 import json
 from typing import Any
 
+from vllm_npu_ext import compat
+from vllm_npu_ext.logger import get_logger
+
 EMBEDDING_PATHS = frozenset({"/v1/embeddings"})
 MAX_INPUTS = 2048  # OpenAI's limit on inputs per embeddings request
 RERANK_PATHS = frozenset({"/rerank", "/v1/rerank", "/v2/rerank"})
@@ -38,14 +51,19 @@ SCORE_PATHS = frozenset({"/score", "/v1/score"})
 SCORE_QUERY_FIELDS = ("queries", "data_1", "text_1")
 
 
-def validate_embedding_request(payload: Any) -> str | None:
+def validate_embedding_request(payload: Any, embedding_size: int | None = None) -> str | None:
     """An error message for a decoded request body, or None when it may go on to vLLM.
 
     Only what vLLM would accept wrongly is checked; malformed requests are left to vLLM's
-    own schema validation, which names the offending field.
+    own schema validation, which names the offending field. `embedding_size`: the served
+    model's, the largest valid `dimensions` (unchecked when None).
     """
     if not isinstance(payload, dict):
         return None
+    dimensions = payload.get("dimensions")
+    if _is_int(dimensions) and embedding_size is not None and dimensions > embedding_size:
+        size = embedding_size
+        return f"dimensions must be between 1 and {size} (the embedding size), got {dimensions}"
     inputs = payload.get("input")
     if isinstance(inputs, str):
         return "input must not be an empty string" if inputs == "" else None
@@ -56,6 +74,12 @@ def validate_embedding_request(payload: Any) -> str | None:
     for index, item in enumerate(inputs):
         if item == "":
             return f"input[{index}] must not be an empty string"
+        if _is_int(item) and item < 0:
+            return f"input[{index}] must be a token id >= 0, got {item}"
+        if isinstance(item, list):
+            negative = next((i for i, v in enumerate(item) if _is_int(v) and v < 0), None)
+            if negative is not None:
+                return f"input[{index}][{negative}] must be a token id >= 0, got {item[negative]}"
     return None
 
 
@@ -125,7 +149,26 @@ class _RequestValidator:
         if error is not None:
             param = error.split(" ", 1)[0].split("[", 1)[0]
             return await _send_error(send, error, param=param)
-        return await self.app(scope, _replay(body, receive), send)
+        started = False
+
+        async def tracked_send(message) -> None:
+            nonlocal started
+            started = started or message.get("type") == "http.response.start"
+            await send(message)
+
+        try:
+            return await self.app(scope, _replay(body, receive), tracked_send)
+        except Exception as exc:
+            # vLLM 0.23's catch-all handler would answer this and re-raise it: a traceback in
+            # the log per bad request, and uvicorn drops the connection, so the client's next
+            # request on it fails. A client error (4xx) is answered here as vLLM answers it.
+            error = None if started else compat.create_error_response(exc)
+            if error is None or error.error.code >= 500:
+                raise
+            get_logger(__name__).info("%s %s: %d (%s: %s)", scope.get("method"),
+                                      scope.get("path"), error.error.code, type(exc).__name__,
+                                      exc)  # fmt: skip
+            return await _send_json(send, error.model_dump(), error.error.code)
 
 
 class EmbeddingRequestValidator(_RequestValidator):
@@ -134,7 +177,7 @@ class EmbeddingRequestValidator(_RequestValidator):
     paths = EMBEDDING_PATHS
 
     def error_for(self, scope, payload: Any) -> str | None:
-        return validate_embedding_request(payload)
+        return validate_embedding_request(payload, _embedding_size(scope))
 
 
 class ScoringRequestValidator(_RequestValidator):
@@ -146,13 +189,27 @@ class ScoringRequestValidator(_RequestValidator):
         return validate_scoring_request(scope["path"], payload, _serves_qwen3_reranker(scope))
 
 
-def _serves_qwen3_reranker(scope) -> bool:
-    """Whether the app's model is Qwen3-Reranker (vLLM 0.23 and 0.32 keep the VllmConfig in
+def _model_config(scope) -> Any:
+    """The app's ModelConfig, or None (vLLM 0.23 and 0.32 keep the VllmConfig in
     `app.state.vllm_config`)."""
     state = getattr(scope.get("app"), "state", None)
-    model_config = getattr(getattr(state, "vllm_config", None), "model_config", None)
-    hf_config = getattr(model_config, "hf_config", None)
+    return getattr(getattr(state, "vllm_config", None), "model_config", None)
+
+
+def _serves_qwen3_reranker(scope) -> bool:
+    """Whether the app's model is Qwen3-Reranker."""
+    hf_config = getattr(_model_config(scope), "hf_config", None)
     return bool(getattr(hf_config, "is_original_qwen3_reranker", False))
+
+
+def _embedding_size(scope) -> int | None:
+    """The served model's embedding size: `ModelConfig.embedding_size` (vLLM 0.32), else the
+    hidden size (0.23 has no such property; a Qwen3 embedding is its last hidden state)."""
+    model_config = _model_config(scope)
+    size = getattr(model_config, "embedding_size", None)
+    if size is None:
+        size = getattr(getattr(model_config, "hf_config", None), "hidden_size", None)
+    return size if _is_int(size) else None
 
 
 async def _read_body(receive) -> tuple[bytes, bool]:
@@ -187,7 +244,11 @@ async def _send_error(
     param: str | None = "input",
 ) -> None:
     error = {"message": message, "type": kind, "param": param, "code": status}
-    body = json.dumps({"error": error}).encode()
+    await _send_json(send, {"error": error}, status)
+
+
+async def _send_json(send, content: dict, status: int) -> None:
+    body = json.dumps(content).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
