@@ -13,7 +13,9 @@ Checked, from every .py file under vllm_npu_ext/ and each `--also` DIR (imports 
 functions included): `import vllm.x`, `from vllm.x import y`, attribute chains on a bound vLLM
 module or class (through `getattr(obj, "name", default)`/`hasattr`: optional), and the keyword
 arguments of calls to imported vLLM functions and classes (`super().__init__` of a vLLM base
-included). Defined means: bound at module top level (inside if/try too), re-exported by
+included). Imports in a `try:` and its `except ImportError:` are one version's name and the
+other's: one of them must resolve (the others are OPTIONAL-MISSING). Defined means: bound at
+module top level (inside if/try too), re-exported by
 `from .x import *` (honouring `__all__`), a submodule, or declared for the module's
 `__getattr__` (under `if TYPE_CHECKING:`, compared with the name there or a key of a module
 dict it reads; a module that declares none of these may serve anything). What static reading
@@ -61,10 +63,21 @@ class Use:
     where: str
     optional: bool = False
     keywords: tuple[str, ...] | None = None
+    # Imports in a `try:` and its `except ImportError:` are alternatives (one per vLLM
+    # version): the group (the `try` statement's location) needs one that resolves.
+    alternatives: str | None = None
 
 
 def _is_vllm(module: str | None) -> bool:
     return module is not None and (module == "vllm" or module.startswith("vllm."))
+
+
+IMPORT_ERRORS = frozenset({"ImportError", "ModuleNotFoundError"})
+
+
+def _catches_import_error(handler: ast.ExceptHandler) -> bool:
+    types = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
+    return any(isinstance(t, ast.Name) and t.id in IMPORT_ERRORS for t in types)
 
 
 def _import_refs(stmt: ast.Import | ast.ImportFrom) -> Iterator[tuple[str, tuple | None]]:
@@ -105,6 +118,7 @@ class _Collector(ast.NodeVisitor):
         self.uses: list[Use] = []
         self.scopes: list[dict[str, tuple | None]] = []
         self.super_refs: list[tuple | None] = []  # (ref, chain) of each enclosing class's base
+        self.alternatives: str | None = None  # inside a try/except ImportError: its location
 
     def _where(self, node: ast.AST) -> str:
         return f"{self.label}:{node.lineno}"
@@ -151,14 +165,28 @@ class _Collector(ast.NodeVisitor):
         self._scoped(node, node.body)
         self.super_refs.pop()
 
+    def visit_Try(self, node: ast.Try) -> None:
+        fallbacks = [h for h in node.handlers if h.type is not None and _catches_import_error(h)]
+        if not fallbacks:
+            return self.generic_visit(node)
+        outer, self.alternatives = self.alternatives, self._where(node)
+        for child in node.body + [c for h in fallbacks for c in h.body]:
+            self.visit(child)
+        self.alternatives = outer
+        others = [h for h in node.handlers if h not in fallbacks]
+        for child in others + node.orelse + node.finalbody:
+            self.visit(child)
+        return None
+
     def visit_Import(self, node: ast.Import) -> None:
         for alias in node.names:
             if _is_vllm(alias.name):
-                self.uses.append(Use(alias.name, "", (), self._where(node)))
+                use = Use(alias.name, "", (), self._where(node), alternatives=self.alternatives)
+                self.uses.append(use)
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         for bound, ref in _import_refs(node):
-            self._add(node, (ref, ()) if ref and bound else None)
+            self._add(node, (ref, ()) if ref and bound else None, alternatives=self.alternatives)
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
         target = self._resolve(node)
@@ -262,8 +290,14 @@ def check(tree: SourceTree, uses: Iterable[Use]) -> tuple[list[Finding], list[Fi
     """(name findings, keyword-argument findings) of `uses` against `tree`."""
     names: dict[Row, list[str]] = {}
     keywords: dict[Row, list[str]] = {}
-    for use in uses:
-        rows, target = _walk_use(tree, use)
+    walked = [(use, *_walk_use(tree, use)) for use in uses]
+    resolved = {use.alternatives for use, rows, _ in walked
+                if use.alternatives and all(row[2] != MISSING for row in rows)}  # fmt: skip
+    for use, rows, target in walked:
+        if use.alternatives in resolved:
+            rows = [(owner, name, OPTIONAL_MISSING, f"{how}; an alternative import resolves")
+                    if status == MISSING else (owner, name, status, how)
+                    for owner, name, status, how in rows]  # fmt: skip
         if use.keywords is None:
             for row in rows:
                 names.setdefault(row, []).append(use.where)
