@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.vllm_reference import lse_weighted_combine as _lse_weighted_combine
 from torch._subclasses.fake_tensor import FakeTensorMode
-from vllm.v1.attention.ops.dcp import _lse_weighted_combine
 
 from vllm_npu_ext import emulator as torch_npu_emulator
 from vllm_npu_ext.emulator import cann_ops as emulated_cann_ops

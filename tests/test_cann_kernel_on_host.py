@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 from support.host_kernel import without_compiler
-from vllm.v1.attention.ops.dcp import _lse_weighted_combine
+from support.vllm_reference import lse_weighted_combine as _lse_weighted_combine
 
 from vllm_npu_ext.cann_ops.npu_ext_attention_update.host_kernel import build, library
 from vllm_npu_ext.cann_ops.npu_ext_attention_update.tests import golden

@@ -21,6 +21,7 @@ from support.hf_oracle import MIN_COSINE
 from support.loadgen import Request, cosine, embed_alone, run_load, served_model, word_texts
 from support.server import TEST_SERVER_FLAGS, running_server
 from support.shutdown import engine_core_processes, freeze, group_alive_after, wait_exit
+from support.vllm_reference import VLLM_0_23
 from tokenizers import Tokenizer
 
 from vllm_npu_ext.entrypoints.middleware import SHUTDOWN_MESSAGE
@@ -30,6 +31,8 @@ MAX_EMBED_LEN = 1024
 SHUTDOWN_LIMIT_S = 5  # README: a stranded request is answered within about 3 s
 SHUTDOWN_WAIT_S = 30  # how long the test waits to measure a slower exit
 STRANDED = 8
+# vLLM's EngineDeadError (both versions), which it answers with 500.
+ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue"
 CHUNKED_POOLER = {"enable_chunked_processing": True, "max_embed_len": MAX_EMBED_LEN}
 
 
@@ -117,6 +120,12 @@ def test_chunked_processing_is_the_weighted_mean_of_chunk_embeddings(
     assert cosine(response.json()["data"][0]["embedding"], mean) >= MIN_COSINE
 
 
+@pytest.mark.skipif(
+    VLLM_0_23,
+    reason="vLLM 0.23 does not apply max_embed_len under chunked processing (its "
+    "EmbeddingTokenizeParamsMixin sets no length limit, vllm/entrypoints/pooling/base/"
+    "protocol.py): any length is embedded. vLLM's own behaviour; README says so",
+)
 def test_chunked_processing_rejects_inputs_over_max_embed_len(chunked_server):
     response = _embed(chunked_server, {"input": "word " * (MAX_EMBED_LEN + 10)})
     assert response.status_code == 400
@@ -135,8 +144,11 @@ def test_sigterm_with_a_frozen_engine_answers_503_and_exits_within_5_s(chunked_s
     """Runs last in this module: it stops the module's server.
 
     The engine core is frozen (SIGSTOP), as a hung engine would be, while requests wait for
-    it. After SIGTERM vLLM kills the engine; the shutdown guard must answer every stranded
-    request with its 503, and the server must exit within 5 s (README: about 3 s).
+    it. After SIGTERM vLLM kills the engine; every stranded request must be answered and the
+    server must exit within 5 s (README: about 3 s). Who answers is a race inside vLLM: when
+    its output handler sees the engine die before the server cancels it, vLLM answers each
+    request itself (500, its EngineDeadError message); otherwise the request would wait for
+    ever, and the shutdown guard answers it with its 503.
     """
     url = chunked_server.base_url
     model = served_model(url)
@@ -155,10 +167,13 @@ def test_sigterm_with_a_frozen_engine_answers_503_and_exits_within_5_s(chunked_s
     thread.join(timeout=30)
     leftover = group_alive_after(chunked_server.process.pid, grace_s=10)
     guarded = [o for o in outcomes if o.status == 503 and SHUTDOWN_MESSAGE in (o.error or "")]
-    print(f"frozen engine, SIGTERM: exit {code} after {stopped_in:.2f} s; "
-          f"{len(guarded)} of {STRANDED} stranded requests got the guard's 503")  # fmt: skip
+    by_vllm = [o for o in outcomes if o.status == 500 and ENGINE_DEAD_MESSAGE in (o.error or "")]
+    print(f"frozen engine, SIGTERM: exit {code} after {stopped_in:.2f} s; of {STRANDED} "
+          f"stranded requests {len(guarded)} got the guard's 503, {len(by_vllm)} vLLM's "
+          "engine-dead 500")  # fmt: skip
     assert code == 0, chunked_server.log_tail(60)
     assert stopped_in < SHUTDOWN_LIMIT_S
     assert not thread.is_alive(), "a client request hung after the server stopped"
-    assert len(guarded) == len(outcomes) == STRANDED, [(o.status, o.error) for o in outcomes]
+    answered = len(guarded) + len(by_vllm)
+    assert answered == len(outcomes) == STRANDED, [(o.status, o.error) for o in outcomes]
     assert not leftover, "engine processes outlived the server"
