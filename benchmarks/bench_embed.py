@@ -274,13 +274,50 @@ def run(bench: Bench, chosen: list[str], catalogue: dict[str, dict]) -> None:
 def main(argv=None) -> int:
     args = parse_args(argv)
     model = args.model or default_model(args.quick)
+    oracle = OracleCheck("min_cosine_vs_hf", "min cosine to hf", MIN_COSINE_VS_HF, at_least=True)
     return execute(args, model, WORKER, lambda bench: run(bench, args.sides, scenarios(args)),
-                   report)  # fmt: skip
+                   report, oracle)  # fmt: skip
 
 
-def execute(args, model: Path, worker: Path, run_sides, make_report) -> int:
+# Agreement with the oracle (the hf side) below which a side's speed is not reported: an
+# engine that computes something else is not faster at the task. Float32 is the suite's
+# parity bar; half precision allows its rounding (stock vLLM measures 0.99995 in bfloat16).
+MIN_COSINE_VS_HF = {"float32": 0.99999, "float16": 0.999, "bfloat16": 0.999}
+RATIO_FIELDS = ("plugin_vs_stock", "plugin_vs_hf", "prefix_plugin_vs_stock",
+                "prefix_plugin_kv_vs_plugin")  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class OracleCheck:
+    """Which per-side summary figure measures agreement with the oracle, and its bound."""
+
+    field: str  # in summary["sides"][name]
+    label: str
+    bound: dict[str, float]  # per dtype
+    at_least: bool  # True: the figure must be >= bound; False: <= bound
+
+    def failures(self, summary: dict) -> list[str]:
+        """One line per side whose output is off the oracle (hf itself is the oracle)."""
+        bound = self.bound.get(summary["dtype"], self.bound["bfloat16"])  # the loosest
+        lines = []
+        for name, side in summary["sides"].items():
+            value = side.get(self.field)
+            if name == "hf" or value is None:
+                continue
+            if (value < bound) if self.at_least else (value > bound):
+                relation = "<" if self.at_least else ">"
+                lines.append(f"side {name}: {self.label} {value:.6g} {relation} {bound:g} "
+                             f"({summary['dtype']}): its output is off the oracle")  # fmt: skip
+        return lines
+
+
+def execute(args, model: Path, worker: Path, run_sides, make_report, oracle: OracleCheck) -> int:
     """Run the sides (`run_sides(bench)`), always stop them, print the tables and, last, the
-    summary JSON line (`make_report(results, args, model)` gives both)."""
+    summary JSON line (`make_report(results, args, model)` gives both).
+
+    A side off the oracle (`oracle.failures`) withholds every speed ratio: the tables are not
+    printed, the summary's ratios are null, `parity_failures` names the sides and the exit
+    status is 1."""
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix=f"{worker.stem}."))
     work_dir.mkdir(parents=True, exist_ok=True)
     bench = Bench(args, model, work_dir, worker)
@@ -289,12 +326,22 @@ def execute(args, model: Path, worker: Path, run_sides, make_report) -> int:
     finally:
         bench.kill_all()
     tables, summary = make_report(bench.results, args, model)
-    print(tables)
+    failures = oracle.failures(summary)
+    if "hf" not in summary["sides"]:
+        log("no hf side: outputs were not checked against the oracle")
+    if failures:
+        for field in RATIO_FIELDS:
+            if field in summary:
+                summary[field] = None
+        summary["parity_failures"] = failures
+        print("No speed ratio reported: " + "; ".join(failures), file=sys.stderr)
+    else:
+        print(tables)
     line = json.dumps(summary)
     if args.json_out:
         args.json_out.write_text(line + "\n")
     print(line)
-    return 0
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":
