@@ -21,11 +21,13 @@ Differences found so far and how they are handled:
   Hugging Face. `causal_impl_cls` gives such a backend an implementation that honours the
   metadata (the engine parity tests, `tests/test_model_parity.py`, and the reranker's,
   `tests/test_reranker_engine.py`: on 0.23 they fail without it).
-- HTTP errors: 0.23's catch-all exception handler answers a `ValueError` from input checks
-  with 400 but re-raises it (a traceback in the server log per bad request), and 0.23 accepts
-  negative token ids and a `dimensions` above the embedding size; 0.32 answers all of these
-  400 itself. Handled by our request validators (`entrypoints/middleware.py`; tested by
-  `tests/test_server.py` and `tests/test_faults.py` on both).
+- HTTP errors: 0.23's catch-all exception handler answers the exceptions of its input checks
+  (400; 404 for an unknown model) but re-raises them: a traceback in the server log per bad
+  request, and the connection closed. 0.23 also accepts negative token ids and a
+  `dimensions` above the embedding size; 0.32 answers all of these itself, without a
+  traceback. Handled by our request validators (`entrypoints/middleware.py`, with
+  `create_error_response` below; tested by `tests/test_server.py` and `tests/test_faults.py`
+  on both).
 - `get_rope` gained `mrope_positions_factor` in 0.32; we do not pass it.
 - Graph modes: `MODELS_CONFIG_MAP` (per-architecture config hooks), `CUDAGraphMode` and the
   class-level default splitting ops `CompilationConfig._attention_ops` have the same names and
