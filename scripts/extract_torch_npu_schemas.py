@@ -44,6 +44,7 @@ OPERATORS = (
     "npu_swiglu",
     "npu_grouped_matmul",
     "npu_linear",
+    "npu_format_cast",
     "npu_attention_update",
 )
 _SCHEMA = re.compile(

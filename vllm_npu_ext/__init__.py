@@ -34,7 +34,7 @@ def register() -> None:
     if envs.flag(EMULATE_SWITCH):
         from vllm_npu_ext import emulator
 
-        emulator.install()
+        emulator.install_stand_in()
         logger.warning(
             "vllm-npu-ext in pid %d: %s=1, the NPU path runs on the CPU under the torch_npu "
             "emulator (a functional check, not a measurement)", os.getpid(), EMULATE_SWITCH,

@@ -23,6 +23,7 @@ calls it in every process before it resolves the platform; it returns None, clai
 the general plugin `register()`. Child processes inherit the result. Nothing changes when no
 package of ours is installed or when VLLM_NPU_EXT_BOOTSTRAP=0. This module imports neither
 torch_npu nor vllm_ascend: importing torch_npu without CANN breaks `import torch`.
+(Under VLLM_NPU_EXT_EMULATE=1 the platform plugin installs the torch_npu stand-in instead.)
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from vllm_npu_ext.cann_ops import default_vendor_dir
 OPP_PATH_VARIABLE = "ASCEND_CUSTOM_OPP_PATH"
 LIBRARY_PATH_VARIABLE = "LD_LIBRARY_PATH"
 SWITCH = "VLLM_NPU_EXT_BOOTSTRAP"
+EMULATE_SWITCH = "VLLM_NPU_EXT_EMULATE"
 OPP_PATH_OVERRIDE = "VLLM_NPU_EXT_OPP_PATH"
 # Where vllm-ascend 0.23 keeps its bundled operators, relative to its package directory
 # (vllm_ascend/utils.py: _CUSTOM_OP_BASE_DIR/_cann_ops_custom/vendors/_CUSTOM_OP_VENDOR_DIR).
@@ -253,6 +255,15 @@ def _warn_once(message: str) -> None:
 
 
 def platform_plugin() -> None:
-    """The `vllm.platform_plugins` entry point: runs `apply()` and claims no platform."""
+    """The `vllm.platform_plugins` entry point: runs `apply()` and claims no platform.
+
+    Under VLLM_NPU_EXT_EMULATE=1 it also installs the torch_npu stand-in
+    (`vllm_npu_ext.emulator.install_stand_in`): vLLM calls platform plugins before it imports
+    the platform class, so vllm-ascend's `NPUPlatform` (which imports torch_npu) finds it.
+    """
     apply()
+    if envs.flag(EMULATE_SWITCH):
+        from vllm_npu_ext import emulator
+
+        emulator.install_stand_in()
     return None

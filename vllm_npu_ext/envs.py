@@ -46,8 +46,10 @@ VARIABLES: dict[str, tuple[str, str]] = {
     ),
     "VLLM_NPU_EXT_EMULATE": (
         "0",
-        "1: every vLLM process installs the torch_npu emulator, so the NPU path runs on the "
-        "CPU (a functional check of a whole server; nothing is measured)",
+        "1: every vLLM process installs the torch_npu stand-in (emulated operators, "
+        "torch.npu on the host, hccl as gloo) before the platform resolves, so the NPU path, "
+        "and vllm-ascend's own code where installed, run on the CPU (a functional check; "
+        "nothing is measured)",
     ),
     KV_CACHE_FREE_SWITCH: (
         "1",

@@ -21,6 +21,11 @@ NotImplementedError.
         ...                                  # vllm_npu_ext.ops.dispatch now takes NPU paths
     torch_npu_emulator.calls["npu_rms_norm"] # kernel calls per operator (compiled graphs too)
 
+`install_stand_in()` adds the rest of the torch_npu surface vllm-ascend 0.23 imports and reads
+(`surface`, `device`: `torch.npu` on the host, `torch_npu._C`, the `hccl` backend as gloo), for
+the life of the process: what `VLLM_NPU_EXT_EMULATE=1` processes and `tests/with_vllm_ascend` use.
+Names it does not implement raise AttributeError naming them (`_strict`), never a mock.
+
 Tensors must live on the CPU, which stands in for the NPU. While installed, the emulated
 platform also keeps each linear layer's weight as the NPU platform does (`platform`), and
 `cann_ops` can stand in for our own CANN operator.
@@ -38,6 +43,7 @@ from ._runtime import OPERATORS, calls, corrupted, inside_operator, reset_counts
 from ._schema import schema_document
 from .attention import npu_fused_infer_attention_score, npu_fusion_attention
 from .attention_update import npu_attention_update
+from .format_cast import npu_format_cast
 from .matmul import npu_grouped_matmul, npu_linear
 from .norm import npu_add_rms_norm, npu_rms_norm
 from .pointwise import npu_rotary_mul, npu_swiglu
@@ -45,10 +51,11 @@ from .pointwise import npu_rotary_mul, npu_swiglu
 __vllm_npu_ext_emulator__ = True
 
 __all__ = [
-    "OPERATORS", "calls", "corrupted", "emulated", "inside_operator", "install", "reset_counts",
+    "OPERATORS", "calls", "corrupted", "emulated", "inside_operator", "install",
+    "install_stand_in", "reset_counts",
     "schema_document", "uninstall", "npu_add_rms_norm", "npu_attention_update",
-    "npu_fused_infer_attention_score", "npu_fusion_attention", "npu_grouped_matmul",
-    "npu_linear", "npu_rms_norm", "npu_rotary_mul", "npu_swiglu",
+    "npu_format_cast", "npu_fused_infer_attention_score", "npu_fusion_attention",
+    "npu_grouped_matmul", "npu_linear", "npu_rms_norm", "npu_rotary_mul", "npu_swiglu",
 ]
 
 _MISSING = object()
@@ -73,6 +80,27 @@ def uninstall() -> None:
         sys.modules.pop("torch_npu", None)
     else:
         sys.modules["torch_npu"] = previous
+
+
+def install_stand_in() -> ModuleType:
+    """install() plus the torch_npu surface vllm-ascend needs (`surface`: `torch.npu`,
+    `torch_npu._C`, the `hccl` backend as gloo), for the rest of the process."""
+    from . import surface
+
+    module = sys.modules[__name__]
+    if sys.modules.get("torch_npu") is not module:
+        install()
+    surface.install(module)
+    return module
+
+
+def __getattr__(name: str):
+    if name.startswith("__") and name.endswith("__"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    raise AttributeError(
+        f"torch_npu.{name} is not implemented by the torch_npu stand-in ({__name__}); "
+        "add it there, with the real contract, if the code under test needs it"
+    )
 
 
 @contextlib.contextmanager

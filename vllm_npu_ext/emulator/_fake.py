@@ -177,6 +177,12 @@ def attention_update(call: BoundCall):
     return torch.empty_like(call.local_out[0]), torch.empty_like(call.lse[0])
 
 
+def format_cast(call: BoundCall):
+    """Like self: a format cast keeps the logical shape and dtype (no meta registration in M;
+    the wheel's `_op_plugin_docs.py`:1238-1255)."""
+    return torch.empty_like(call.arguments["self"], memory_format=torch.contiguous_format)
+
+
 def _fake(op: str, overload: str, shapes: Callable[[BoundCall], Any]) -> Callable[..., Any]:
     def fake(*args: Any, **kwargs: Any) -> Any:
         return shapes(bind_overload(op, overload, args, kwargs))
@@ -199,4 +205,5 @@ FAKE_KERNELS: dict[str, Callable[..., Any]] = {
     ),
     "npu_fusion_attention": _fake("npu_fusion_attention", "", fusion_attention),
     "npu_attention_update": _fake("npu_attention_update", "", attention_update),
+    "npu_format_cast": _fake("npu_format_cast", "", format_cast),
 }

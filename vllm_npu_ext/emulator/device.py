@@ -1,0 +1,279 @@
+"""The `torch.npu` device module of the stand-in (also `torch_npu.npu`).
+
+The device is the host: tensors of the emulated NPU path live on the CPU, and host kernels run
+synchronously, so streams and events keep their ordering semantics trivially (work submitted
+to any stream has completed when the call returns; `query()` is True). What is here is what
+vllm-ascend 0.23's code reads on the paths the tests run; everything else raises
+AttributeError naming it (`_strict`). Graph capture (`NPUGraph`, `graph`, `ExternalEvent`)
+exists as names for annotations and raises NotImplementedError when used.
+
+Memory figures are the host's (`/proc/meminfo`): `mem_get_info()` is (MemAvailable, MemTotal).
+The device count is 1, or the number of ranks once torch.distributed is initialised, so a
+process group of N ranks sees N devices as on an N-NPU host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from ._strict import not_emulated, strict_module
+
+NAME = "torch.npu"
+
+
+def _index(device: Any) -> int:
+    if device is None:
+        return _state["device"]
+    if isinstance(device, int):
+        return device
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        return _state["device"] if device.index is None else device.index
+    raise TypeError(f"{NAME}: expected a device index, 'npu:N' or torch.device, got {device!r}")
+
+
+def is_available() -> bool:
+    return True
+
+
+def device_count() -> int:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_world_size()
+    return 1
+
+
+def current_device() -> int:
+    return _state["device"]
+
+
+def set_device(device: Any) -> None:
+    index = _index(device)
+    if not 0 <= index < max(device_count(), index + 1):
+        raise RuntimeError(f"{NAME}.set_device: invalid device index {index}")
+    _state["device"] = index
+
+
+@contextlib.contextmanager
+def device(index: Any) -> Iterator[None]:
+    previous = _state["device"]
+    set_device(index)
+    try:
+        yield
+    finally:
+        _state["device"] = previous
+
+
+def synchronize(device: Any = None) -> None:
+    """Host kernels have finished when they return: nothing is pending."""
+    _index(device)
+
+
+def empty_cache() -> None:
+    """The host allocator keeps no device cache to release."""
+
+
+def _meminfo() -> dict[str, int]:
+    figures = {}
+    with open("/proc/meminfo", encoding="ascii") as file:
+        for line in file:
+            key, value = line.split(":", 1)
+            figures[key] = int(value.split()[0]) * 1024
+    return figures
+
+
+def mem_get_info(device: Any = None) -> tuple[int, int]:
+    """(free, total) bytes: the host's MemAvailable and MemTotal."""
+    _index(device)
+    figures = _meminfo()
+    return figures["MemAvailable"], figures["MemTotal"]
+
+
+def _status_bytes(field: str) -> int:
+    with open("/proc/self/status", encoding="ascii") as file:
+        for line in file:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def memory_allocated(device: Any = None) -> int:
+    """This process's resident memory (VmRSS): the host's stand-in for device allocations."""
+    _index(device)
+    return _status_bytes("VmRSS")
+
+
+def max_memory_allocated(device: Any = None) -> int:
+    """Peak resident memory (VmHWM) since the process started or reset_peak_memory_stats()."""
+    _index(device)
+    return _status_bytes("VmHWM")
+
+
+memory_reserved = memory_allocated
+max_memory_reserved = max_memory_allocated
+
+
+def reset_peak_memory_stats(device: Any = None) -> None:
+    """Reset VmHWM to the current VmRSS (Linux `/proc/self/clear_refs`, value 5)."""
+    _index(device)
+    with open("/proc/self/clear_refs", "w", encoding="ascii") as file:
+        file.write("5")
+
+
+def memory_stats(device: Any = None) -> dict[str, int]:
+    """The allocator-statistics keys vLLM reads, from the host figures above."""
+    current, peak = memory_allocated(device), max_memory_allocated(device)
+    stats = {"num_alloc_retries": 0, "num_ooms": 0}
+    for kind in ("allocated_bytes", "reserved_bytes", "active_bytes"):
+        stats[f"{kind}.all.current"] = current
+        stats[f"{kind}.all.peak"] = peak
+    return stats
+
+
+def is_current_stream_capturing() -> bool:
+    return False
+
+
+class Stream:
+    """A stream of the host device: work is done when submitted, so every wait is satisfied."""
+
+    def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
+        if kwargs:
+            raise TypeError(f"{NAME}.Stream: unexpected arguments {sorted(kwargs)}")
+        self.device_index = _index(device)
+        self.priority = priority
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("npu", self.device_index)
+
+    def wait_stream(self, stream: Stream) -> None:
+        _require(stream, Stream, "wait_stream")
+
+    def wait_event(self, event: Event) -> None:
+        _require(event, Event, "wait_event")
+
+    def record_event(self, event: Event | None = None) -> Event:
+        event = Event() if event is None else _require(event, Event, "record_event")
+        event.record(self)
+        return event
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return f"<{NAME}.Stream device=npu:{self.device_index} (host)>"
+
+
+class Event:
+    def __init__(self, enable_timing: bool = False, blocking: bool = False,
+                 interprocess: bool = False) -> None:  # fmt: skip
+        self.enable_timing = enable_timing
+        self.recorded_at: float | None = None
+
+    def record(self, stream: Stream | None = None) -> None:
+        if stream is not None:
+            _require(stream, Stream, "Event.record")
+        self.recorded_at = time.perf_counter()
+
+    def wait(self, stream: Stream | None = None) -> None:
+        if stream is not None:
+            _require(stream, Stream, "Event.wait")
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, end_event: Event) -> float:
+        """Milliseconds between this event's record and end_event's."""
+        if not (self.enable_timing and end_event.enable_timing):
+            raise RuntimeError("Both events must be created with enable_timing=True")
+        if self.recorded_at is None or end_event.recorded_at is None:
+            raise RuntimeError("Both events must be recorded before calculating elapsed time")
+        return (end_event.recorded_at - self.recorded_at) * 1000.0
+
+
+def _require(value: Any, cls: type, where: str) -> Any:
+    if not isinstance(value, cls):
+        raise TypeError(f"{NAME}.{where}: expected {NAME}.{cls.__name__}, got {type(value)}")
+    return value
+
+
+_state: dict[str, Any] = {"device": 0}
+_streams: dict[int, Stream] = {}
+_current: dict[int, Stream] = {}
+
+
+def default_stream(device: Any = None) -> Stream:
+    index = _index(device)
+    if index not in _streams:
+        _streams[index] = Stream(index)
+    return _streams[index]
+
+
+def current_stream(device: Any = None) -> Stream:
+    index = _index(device)
+    return _current.get(index) or default_stream(index)
+
+
+def set_stream(stream: Stream) -> None:
+    _current[_require(stream, Stream, "set_stream").device_index] = stream
+
+
+@contextlib.contextmanager
+def stream(stream: Stream | None) -> Iterator[None]:
+    if stream is None:
+        yield
+        return
+    index = _require(stream, Stream, "stream").device_index
+    previous = _current.get(index)
+    _current[index] = stream
+    try:
+        yield
+    finally:
+        if previous is None:
+            _current.pop(index, None)
+        else:
+            _current[index] = previous
+
+
+class _Config:
+    """`torch.npu.config`: whether operators may keep private (e.g. NZ) formats. The host
+    keeps every tensor in ND; the flag is recorded, nothing else."""
+
+    __slots__ = ("allow_internal_format",)
+
+    def __init__(self) -> None:
+        self.allow_internal_format = False
+
+
+config = _Config()
+NPUGraph = not_emulated(f"{NAME}.NPUGraph")
+ExternalEvent = not_emulated(f"{NAME}.ExternalEvent")
+
+
+def graph(*args: Any, **kwargs: Any):
+    raise NotImplementedError(f"{NAME}.graph (capture) is not emulated by the torch_npu stand-in")
+
+
+def build() -> Any:
+    """A new `torch.npu` module object holding this module's public names."""
+    names = [
+        "is_available", "device_count", "current_device", "set_device", "device",
+        "synchronize", "empty_cache", "mem_get_info", "memory_allocated",
+        "max_memory_allocated", "memory_reserved", "max_memory_reserved",
+        "reset_peak_memory_stats", "memory_stats", "is_current_stream_capturing", "Stream",
+        "Event", "ExternalEvent", "default_stream", "current_stream", "set_stream", "stream",
+        "NPUGraph", "graph", "config",
+    ]  # fmt: skip
+    return strict_module(NAME, __doc__, **{name: globals()[name] for name in names})

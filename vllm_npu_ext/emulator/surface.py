@@ -1,0 +1,178 @@
+"""The torch_npu surface beyond the operators: what vllm-ascend imports and reads.
+
+`install()` does, on the CPU, what `import torch_npu` does to torch on an NPU host (torch-npu
+2.10.0.post4 `torch_npu/__init__.py`): the PrivateUse1 backend is renamed `npu`
+(`torch.device("npu")` parses) and registered with hooks and a device guard (torch's Python
+backend registration), the `torch.npu` device module is registered (`device.py`,
+also `torch_npu.npu`), `torch_npu._C` and `torch_npu._C._distributed_c10d` exist with the
+names vllm-ascend reads, and the `hccl` process-group backend exists: here it is gloo, so
+vLLM's and vllm-ascend's HCCL groups run between host processes. Operators registered only
+for the NPU's dispatch key (vLLM registers its own for the platform's key) run on CPU
+tensors through a CPU backend fallback (`_npu_kernel_on_host`). The renaming cannot be
+undone, so the surface stays for the life of the process: it is for processes that run
+vllm-ascend (`VLLM_NPU_EXT_EMULATE=1` processes, `tests/with_vllm_ascend`).
+
+Tensors on the `npu` device itself are not provided here (no allocator is registered for it):
+an aten operator on an `npu` tensor fails naming the operator and the PrivateUse1 backend.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import sys
+from types import ModuleType
+
+import torch
+import torch.distributed as dist
+from torch.utils import backend_registration
+
+from . import device
+from ._strict import not_emulated, strict_module
+
+HCCL = "hccl"
+_installed: list[ModuleType] = []
+_libraries: list[torch.library.Library] = []  # kept alive: dropping one unregisters it
+
+
+def _hccl_as_gloo(store, rank: int, size: int, timeout):
+    """The `hccl` backend's creator: a gloo group over the same store."""
+    return dist.ProcessGroupGloo(store, rank, size, timeout)
+
+
+def is_hccl_available() -> bool:
+    return HCCL in dist.Backend.backend_list
+
+
+class _HcclOptions:
+    """`ProcessGroupHCCL.Options`: plain data here. vllm-ascend fills `hccl_config` and reads
+    the fields below back (vllm_ascend/utils.py:1092-1095,
+    patch/worker/_hccl_pg_registry.py:28-44); the gloo group that stands in for HCCL
+    ignores them."""
+
+    def __init__(self, is_high_priority_stream: bool = False) -> None:
+        self.hccl_config: dict = {}
+        self.global_ranks_in_group: list[int] = []
+        self.group_id = ""
+        self.group_name = ""
+        self.backend = HCCL
+        self.is_high_priority_stream = is_high_priority_stream
+        self._timeout = None
+
+
+def _c_modules() -> tuple[ModuleType, ModuleType]:
+    options = _HcclOptions
+    process_group_hccl = not_emulated(
+        "torch_npu._C._distributed_c10d.ProcessGroupHCCL", Options=options
+    )
+    c10d = strict_module(
+        "torch_npu._C._distributed_c10d",
+        "HCCL bindings: the class exists for imports and isinstance checks; groups are gloo.",
+        ProcessGroupHCCL=process_group_hccl,
+    )
+    c = strict_module(
+        "torch_npu._C",
+        "torch_npu's C bindings: only names read by vllm-ascend's code on the tested paths.",
+        _distributed_c10d=c10d,
+        _NPUTaskGroupHandle=not_emulated("torch_npu._C._NPUTaskGroupHandle"),
+    )
+    return c, c10d
+
+
+class _Hooks(torch._C._acc.PrivateUse1Hooks):
+    """PrivateUse1 hooks: the host device is always there."""
+
+    def is_available(self) -> bool:
+        return True
+
+    def has_primary_context(self, dev_id) -> bool:
+        return True
+
+    def is_built(self) -> bool:
+        return True
+
+
+class _DeviceGuard(torch._C._acc.DeviceGuard):
+    def type_(self):
+        return torch._C._autograd.DeviceType.PrivateUse1
+
+
+def _register_atb_extensions() -> None:
+    """torch_npu's ATB operator library (`torch.ops.atb.*`) is not emulated: registering it
+    registers nothing, so a call of one of its operators fails naming it."""
+
+
+def _dynamic_profile_step() -> None:
+    """torch_npu's dynamic profiler steps only when PROF_CONFIG_PATH configures it."""
+    if os.environ.get("PROF_CONFIG_PATH"):
+        raise NotImplementedError("torch_npu.profiler.dynamic_profile is not emulated")
+
+
+def _python_modules() -> dict[str, ModuleType]:
+    """torch_npu's Python submodules that vllm-ascend imports names from."""
+    atb_ops = strict_module(
+        "torch_npu.op_plugin.atb._atb_ops", "ATB operators: none emulated.",
+        _register_atb_extensions=_register_atb_extensions,
+    )  # fmt: skip
+    atb = strict_module("torch_npu.op_plugin.atb", "", _atb_ops=atb_ops)
+    op_plugin = strict_module("torch_npu.op_plugin", "", atb=atb)
+    dynamic_profile = strict_module(
+        "torch_npu.profiler.dynamic_profile", "", step=_dynamic_profile_step
+    )
+    profiler = strict_module("torch_npu.profiler", "", dynamic_profile=dynamic_profile)
+    return {module.__name__: module for module in (
+        op_plugin, atb, atb_ops, profiler, dynamic_profile)}  # fmt: skip
+
+
+# "vllm::all_gather" -> calls of an NPU-only operator run on the host by the fallback below.
+npu_kernels_on_host: collections.Counter[str] = collections.Counter()
+_NPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1)
+
+
+def _npu_kernel_on_host(keyset, op, *args, **kwargs):
+    """CPU fallback: an operator registered only for the NPU's dispatch key runs that kernel.
+
+    vLLM registers its custom operators for the platform's key (`direct_register_custom_op`,
+    `NPUPlatform.dispatch_key = "PrivateUse1"`), e.g. `vllm::all_gather`, which vllm-ascend's
+    GroupCoordinator always calls (`patch/worker/patch_distributed.py:125`). Here the tensors
+    standing for NPU tensors are CPU tensors, so such an operator reaches the CPU key: this
+    backend fallback (taken only by operators with no CPU, composite or other kernel) runs
+    its PrivateUse1 kernel; any other operator fails naming itself."""
+    name = op.name()
+    if torch._C._dispatch_has_kernel_for_dispatch_key(name, "PrivateUse1"):
+        npu_kernels_on_host[name] += 1
+        return op.redispatch(_NPU_KEYS, *args, **kwargs)
+    raise NotImplementedError(
+        f"{name} has no CPU kernel and no NPU (PrivateUse1) kernel; the torch_npu stand-in "
+        "runs NPU-registered operators on the host only"
+    )
+
+
+def install(torch_npu: ModuleType) -> ModuleType:
+    """Give `torch_npu` (the emulator module) its surface and torch its `npu` device; once."""
+    if _installed:
+        return _installed[0]
+    npu = device.build()
+    # torch's registration of a Python backend on PrivateUse1: the name `npu`, the device
+    # module, and the hooks and device guard torch queries for an accelerator (without hooks,
+    # torch.distributed.barrier() fails asking for them once the backend is renamed).
+    backend_registration._setup_privateuseone_for_python_backend(
+        rename="npu", backend_module=npu, hook=_Hooks(), device_guard=_DeviceGuard()
+    )
+    c, c10d = _c_modules()
+    submodules = {
+        "torch_npu.npu": npu, "torch_npu._C": c, "torch_npu._C._distributed_c10d": c10d,
+        **_python_modules(),
+    }  # fmt: skip
+    for name, module in submodules.items():
+        if name.count(".") == 1:
+            setattr(torch_npu, name.split(".")[1], module)
+    sys.modules.update(submodules)
+    fallback = torch.library.Library("_", "IMPL")
+    fallback.fallback(_npu_kernel_on_host, "CPU", with_keyset=True)
+    _libraries.append(fallback)
+    if HCCL not in dist.Backend.backend_list:
+        dist.Backend.register_backend(HCCL, _hccl_as_gloo, devices=["cpu", "npu"])
+    dist.is_hccl_available = is_hccl_available
+    _installed.append(npu)
+    return npu
