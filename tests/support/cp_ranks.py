@@ -17,10 +17,10 @@ from support.server import free_port
 TIMEOUT_S = 60
 
 
-def _rank_entry(rank, world, port, worker, args, result_dir):
+def _rank_entry(rank, world, port, worker, args, result_dir, timeout_s=TIMEOUT_S):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group(
-        "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=TIMEOUT_S)
+        "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s)
     )
     try:
         result = worker(rank, world, *args)
@@ -29,25 +29,28 @@ def _rank_entry(rank, world, port, worker, args, result_dir):
         dist.destroy_process_group()
 
 
-def run_ranks(worker, world: int, args: tuple, result_dir: Path) -> list:
+def run_ranks(
+    worker, world: int, args: tuple, result_dir: Path, timeout_s: int = TIMEOUT_S
+) -> list:
     """Run `worker(rank, world, *args)` in `world` spawned gloo processes; their results.
 
-    worker must be a module-level function returning something JSON-serialisable.
+    worker must be a module-level function returning something JSON-serialisable. Each
+    collective may wait `timeout_s`; the whole run, twice that.
     """
     context = mp.start_processes(
         _rank_entry,
-        args=(world, free_port(), worker, args, str(result_dir)),
+        args=(world, free_port(), worker, args, str(result_dir), timeout_s),
         nprocs=world,
         join=False,
         start_method="spawn",
     )
-    deadline = time.monotonic() + 2 * TIMEOUT_S
+    deadline = time.monotonic() + 2 * timeout_s
     # join() returns False while some rank still runs, raises if one failed.
     while not context.join(timeout=max(0.0, deadline - time.monotonic())):
         if time.monotonic() >= deadline:
             for process in context.processes:
                 process.terminate()
-            pytest.fail(f"ranks did not finish within {2 * TIMEOUT_S} s")
+            pytest.fail(f"ranks did not finish within {2 * timeout_s} s")
     return [json.loads(Path(result_dir, f"rank{r}.json").read_text()) for r in range(world)]
 
 

@@ -1,0 +1,48 @@
+"""Where vllm-ascend is imported from, and a child environment that can import it too."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parents[1]
+
+
+def vllm_ascend_site() -> Path:
+    """The directory vllm-ascend is imported from (its package's parent)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("vllm_ascend")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("vllm_ascend is not importable; run `make setup-ascend`")
+    return Path(next(iter(spec.submodule_search_locations))).resolve().parent
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """This process's environment for a child Python that imports vllm-ascend (first on
+    PYTHONPATH) and the tests' support modules, under the stand-in (VLLM_NPU_EXT_EMULATE=1)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(vllm_ascend_site()), str(TESTS)])
+    env["VLLM_NPU_EXT_EMULATE"] = "1"
+    env.update(extra)
+    return env
+
+
+def start_like_a_vllm_ascend_process():
+    """What a vLLM process on Ascend does before its model runner, as far as it runs here:
+    the platform resolved (vllm-ascend's NPUPlatform; the stand-in is installed first by our
+    platform plugin under VLLM_NPU_EXT_EMULATE=1), the general plugins of both packages
+    loaded, and `vllm_ascend.ops` imported, as `NPUWorker`'s module imports do (through
+    `ops.triton.triton_utils`) before `model_runner_v1`: imported first, `model_runner_v1` and
+    `attention_cp` hit an import cycle (`device/device_op.py` <-> `ops/__init__.py`).
+    Returns the platform."""
+    from vllm_npu_ext import emulator
+
+    emulator.install_stand_in()
+    from vllm.platforms import current_platform
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()
+    import vllm_ascend.ops  # noqa: F401
+
+    return current_platform
