@@ -1,0 +1,359 @@
+"""Our cache-free metadata builder over vllm-ascend's real `AscendAttentionMetadataBuilder`,
+fed the `AscendCommonAttentionMetadata` that vllm-ascend's `NPUModelRunner` builds.
+
+The configuration is a real pooling `VllmConfig` of the tiny checkpoint under NPUPlatform; the
+layer is our `CacheFreeCausalAttention`, whose backend subclasses the one NPUPlatform selects
+(`AscendAttentionBackend`). The device is the host: the emulated NPU's tensors live on the CPU.
+
+`NPUModelRunner` cannot be constructed here (`test_npu_model_runner_cannot_be_constructed_here`):
+vLLM's `GPUModelRunner.__init__` allocates pinned host buffers (`InputBatch`,
+`v1/worker/gpu_model_runner.py:659` -> `gpu_input_batch.py:148`; NPUPlatform answers
+`is_pin_memory_available()` with True, `vllm_ascend/platform.py:884-885`), and torch here
+has no PrivateUse1 hooks for the `npu` backend the stand-in names, so pinning raises
+(RuntimeError, or NotImplementedError for `Tensor.pin_memory`, naming
+`PrivateUse1HooksInterface`). So the runner's own methods run on an `NPUModelRunner` made
+without `__init__`, holding the state they read, set as `__init__` and `_prepare_inputs` set
+it (`runner_for`, cited line by line; the host buffers unpinned):
+
+- the encoder-only KV cache group: vLLM's `may_add_encoder_only_layers_to_kv_cache_config`
+  (`gpu_model_runner.py:7414-7438`), as vllm-ascend's `initialize_kv_cache` calls it
+  (`worker/model_runner_v1.py:3854`);
+- the builder: the layer's backend's builder class, built and grouped as vllm-ascend's
+  `create_attn_groups` does (model_runner_v1.py:4855-4868);
+- the step's attention state: `_build_attn_state` (model_runner_v1.py:1477-1506);
+- the padded batch's dummy request: `_pad_query_start_loc_for_fia` (model_runner_v1.py:
+  813-860) writes it into the host buffer, then raises in `copy_snapshot_to_gpu`, whose
+  snapshot is pinned (`worker/utils.py:15-18`); the test makes that copy itself;
+- the per-step metadata: `_build_attention_metadata` (model_runner_v1.py:3034-3345) builds
+  the `AscendCommonAttentionMetadata` (:3161-3186) and calls the builder (:3242-3246).
+
+Counted by spies that call through (never replacing vllm-ascend's code): calls of
+`AttentionMaskBuilder.get_attention_mask` and the bytes of the mask each returns (for a
+pooling run the 2048x2048 bool mask, copied to the device on every call on an NPU,
+`attention/attention_mask.py:51,75-77`), and `Tensor.pin_memory` calls (the pinned copy of
+`query_start_loc_cpu`, `attention/attention_v1.py:315`). vllm-ascend's own builder does both
+on every step and then fails here at that pin; ours does neither.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+LAYER = "model.layers.0.self_attn.attn"
+MAX_NUM_REQS = 8
+MAX_NUM_TOKENS = 512
+POOLING_MASK_BYTES = 2048 * 2048  # attention_mask.py:75-77: 2048x2048 torch.bool
+PIN_ERROR = "PrivateUse1HooksInterface"  # torch: no pinned-memory hooks for the `npu` backend
+CPU = torch.device("cpu")
+
+# (query lengths, tokens after graph padding or None, whether the runner inserts a dummy
+# request for the padding: FULL graphs or sequence parallelism, model_runner_v1.py:2212-2228)
+BATCHES = {
+    "unpadded": ([5, 3, 7], None, False),
+    "padded_dummy_request": ([5, 3, 7], 16, True),
+    "padded_tokens_only": ([5, 3, 7], 16, False),
+}
+
+
+def pooling_config(model_dir):
+    from vllm.engine.arg_utils import EngineArgs
+
+    return EngineArgs(
+        model=str(model_dir), runner="pooling", max_model_len=256,
+        max_num_seqs=MAX_NUM_REQS, max_num_batched_tokens=MAX_NUM_TOKENS, enforce_eager=True,
+    ).create_engine_config()  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def vllm_config(vllm_ascend_started, tiny_model_dir):
+    return pooling_config(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def layer(vllm_config):
+    """Our layer, registered in the config's forward context as the model registers it."""
+    from vllm.config import set_current_vllm_config
+
+    from vllm_npu_ext.model_executor.layers.cache_free_attention import (
+        CacheFreeCausalAttention,
+    )
+
+    hf_config = vllm_config.model_config.hf_config
+    with set_current_vllm_config(vllm_config):
+        return CacheFreeCausalAttention(
+            hf_config.num_attention_heads, hf_config.head_dim, hf_config.head_dim**-0.5,
+            num_kv_heads=hf_config.num_key_value_heads, cache_config=vllm_config.cache_config,
+            prefix=LAYER,
+        )  # fmt: skip
+
+
+def runner_for(vllm_config, backend):
+    """An `NPUModelRunner` holding the state its metadata methods read (module docstring),
+    with `backend` serving the encoder-only layers."""
+    from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.utils import CpuGpuBuffer
+    from vllm.v1.worker.utils import AttentionGroup
+    from vllm_ascend.worker.model_runner_v1 import NPUModelRunner
+
+    model_config = vllm_config.model_config
+    runner = object.__new__(NPUModelRunner)
+    state = {
+        # gpu_model_runner.py:426-446
+        "vllm_config": vllm_config, "model_config": model_config,
+        "cache_config": vllm_config.cache_config, "scheduler_config": vllm_config.scheduler_config,
+        "compilation_config": vllm_config.compilation_config, "speculative_config": None,
+        "device": CPU, "kv_cache_dtype": kv_cache_dtype_str_to_dtype(
+            vllm_config.cache_config.cache_dtype, model_config,
+        ),
+        # gpu_model_runner.py:486, :530, :631-633 (no speculative tokens), :719-730 (positions,
+        # seq_lens, optimistic_seq_lens_cpu), :796-797, :814, :830
+        "is_mm_prefix_lm": model_config.is_mm_prefix_lm, "attn_groups": [],
+        "use_async_spec_decode": False,
+        "positions": torch.zeros(MAX_NUM_TOKENS, dtype=torch.int64, device=CPU),
+        "seq_lens": torch.zeros(MAX_NUM_REQS, dtype=torch.int32, device=CPU),
+        "optimistic_seq_lens_cpu": torch.zeros(MAX_NUM_REQS, dtype=torch.int32),
+        "arange_np": np.arange(max(MAX_NUM_REQS + 1, MAX_NUM_TOKENS), dtype=np.int64),
+        "uniform_decode_query_len": 1, "runner_only_attn_layers": set(),
+        # model_runner_v1.py:283-285 (no compress_ratios), :310-313 (pinned there), :319,
+        # :334, :425-428 (no context-parallel groups), :584, :600-601, :632-633
+        "use_compress": False,
+        "query_start_loc": CpuGpuBuffer(MAX_NUM_REQS + 2, dtype=torch.int32, device=CPU,
+                                        pin_memory=False),  # fmt: skip
+        "_has_gdn": False, "attn_state": None, "pcp_size": 1, "dcp_size": 1,
+        "long_seq_metadata": None, "enable_hamming_sparse": False,
+        "actual_seq_lengths_q": [], "decode_token_per_req": 1,
+        # The InputBatch tensors read here (gpu_input_batch.py:155-168).
+        "input_batch": SimpleNamespace(
+            num_prompt_tokens_cpu_tensor=torch.zeros(MAX_NUM_REQS, dtype=torch.int32),
+            num_computed_tokens_cpu_tensor=torch.zeros(MAX_NUM_REQS, dtype=torch.int32),
+        ),
+        # What the engine plans for a model whose layers need no KV cache: no group.
+        "kv_cache_config": KVCacheConfig(num_blocks=0, kv_cache_tensors=[], kv_cache_groups=[]),
+    }  # fmt: skip
+    batch = state["input_batch"]
+    batch.num_computed_tokens_cpu = batch.num_computed_tokens_cpu_tensor.numpy()
+    for name, value in state.items():
+        setattr(runner, name, value)
+    runner.may_add_encoder_only_layers_to_kv_cache_config()
+    (group,) = runner.kv_cache_config.kv_cache_groups
+    builder = backend.get_builder_cls()(group.kv_cache_spec, group.layer_names, vllm_config, CPU)
+    runner.attn_groups.append(
+        [AttentionGroup(backend, group.layer_names, group.kv_cache_spec, 0, [builder])]
+    )
+    return runner, builder
+
+
+@dataclasses.dataclass
+class Counts:
+    mask_calls: int = 0
+    mask_bytes: int = 0
+    mask_shapes: list = dataclasses.field(default_factory=list)
+    pinned: list = dataclasses.field(default_factory=list)  # the values of each pinned tensor
+    pin_errors: list = dataclasses.field(default_factory=list)
+
+
+@contextlib.contextmanager
+def counting(builder, counts: Counts):
+    """Count the per-step work our attention never reads, calling the real functions."""
+    mask_builder_cls = type(builder.attn_mask_builder)  # the class behind vllm-ascend's singleton
+    get_attention_mask = mask_builder_cls.get_attention_mask
+    pin_memory = torch.Tensor.pin_memory
+
+    def mask_spy(self, *args, **kwargs):
+        mask = get_attention_mask(self, *args, **kwargs)
+        counts.mask_calls += 1
+        counts.mask_bytes += mask.numel() * mask.element_size()
+        counts.mask_shapes.append((tuple(mask.shape), mask.dtype))
+        return mask
+
+    def pin_spy(self, *args, **kwargs):
+        counts.pinned.append(self.tolist())
+        try:
+            return pin_memory(self, *args, **kwargs)
+        except RuntimeError as error:
+            counts.pin_errors.append(str(error))
+            raise
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(mask_builder_cls, "get_attention_mask", mask_spy)
+        patch.setattr(torch.Tensor, "pin_memory", pin_spy)
+        yield
+
+
+@dataclasses.dataclass
+class Step:
+    common: object  # the AscendCommonAttentionMetadata the runner passed to the builder
+    attn_metadata: dict
+    num_tokens: int
+    num_input_tokens: int
+
+
+def run_step(runner, query_lens, num_tokens_padded, dummy_request, counts: Counts) -> Step:
+    """One step of new prompts through the runner's metadata code (module docstring); the
+    work of `_build_attention_metadata` is added to `counts`."""
+    buffer = runner.query_start_loc
+    num_reqs, num_tokens = len(query_lens), sum(query_lens)
+    scheduled = np.array(query_lens, dtype=np.int32)
+    batch = runner.input_batch
+    batch.num_prompt_tokens_cpu_tensor[:num_reqs] = torch.from_numpy(scheduled)
+    batch.num_computed_tokens_cpu_tensor.zero_()
+    buffer.np[0] = 0  # model_runner_v1.py:1066-1068
+    buffer.np[1 : num_reqs + 1] = np.cumsum(scheduled)
+    buffer.gpu.copy_(buffer.cpu)  # copy_snapshot_to_gpu, without its pin
+    torch.add(batch.num_computed_tokens_cpu_tensor[:num_reqs], torch.from_numpy(scheduled),
+              out=runner.optimistic_seq_lens_cpu[:num_reqs])  # fmt: skip  # :1083-1088
+    runner.optimistic_seq_lens_cpu[num_reqs:].fill_(0)
+    buffer.gpu[num_reqs + 1 :].fill_(-1)  # :1093
+    runner.seq_lens[:num_reqs] = torch.from_numpy(scheduled)  # :1261-1264, nothing computed
+    runner.seq_lens[num_reqs:].fill_(0)
+    runner._build_attn_state(num_reqs, scheduled, scheduled)  # :901
+    num_reqs_padded = num_reqs
+    if dummy_request:
+        with pytest.raises(RuntimeError, match=PIN_ERROR):
+            runner._pad_query_start_loc_for_fia(
+                buffer, num_tokens_padded, num_reqs, num_reqs, None, num_reqs
+            )
+        assert buffer.np[num_reqs + 1] == num_tokens_padded  # written before its pinned copy
+        buffer.gpu.copy_(buffer.cpu)
+        num_reqs_padded = num_reqs + 1  # its return value for the mixed batch (:851-856)
+
+    builder = runner.attn_groups[0][0].get_metadata_builder()
+    passed = []
+    build = builder.build
+
+    def spy(*args, **kwargs):
+        passed.append(kwargs["common_attn_metadata"])
+        return build(*args, **kwargs)
+
+    builder.build = spy
+    try:
+        with counting(builder, counts):
+            attn_metadata, _ = runner._build_attention_metadata(
+                num_tokens=num_tokens, num_reqs=num_reqs, max_query_len=max(query_lens),
+                num_tokens_padded=num_tokens_padded, num_reqs_padded=num_reqs_padded,
+                num_scheduled_tokens_np=scheduled,
+            )  # fmt: skip
+    finally:
+        del builder.build
+    (common,) = passed
+    return Step(common, attn_metadata, num_tokens, num_tokens_padded or num_tokens)
+
+
+def test_npu_model_runner_cannot_be_constructed_here(vllm_ascend_started, tiny_model_dir):
+    from vllm.config import set_current_vllm_config
+    from vllm_ascend.worker.model_runner_v1 import NPUModelRunner
+
+    vllm_config = pooling_config(tiny_model_dir)  # its own: a failed __init__ leaves it changed
+    with pytest.raises(RuntimeError, match=PIN_ERROR):
+        torch.zeros(1, pin_memory=True)
+    with set_current_vllm_config(vllm_config), pytest.raises(RuntimeError) as raised:
+        NPUModelRunner(vllm_config, CPU)
+    assert "NPUModelRunner init failed" in str(raised.value)
+    assert PIN_ERROR in str(raised.value)
+
+
+def test_the_runner_feeds_our_builder_its_ascend_common_metadata(vllm_config, layer):
+    from vllm.v1.kv_cache_interface import EncoderOnlyAttentionSpec
+    from vllm_ascend.attention.attention_v1 import (
+        AscendAttentionMetadataBuilder,
+        AscendAttentionState,
+    )
+    from vllm_ascend.attention.utils import AscendCommonAttentionMetadata
+
+    runner, builder = runner_for(vllm_config, layer.get_attn_backend())
+    assert type(builder).__name__ == "CacheFreeCausalBuilder"
+    assert type(builder).__mro__[1] is AscendAttentionMetadataBuilder
+    assert isinstance(runner.attn_groups[0][0].kv_cache_spec, EncoderOnlyAttentionSpec)
+    assert runner.attn_groups[0][0].layer_names == [LAYER]
+
+    step = run_step(runner, *BATCHES["padded_dummy_request"], Counts())
+    common = step.common
+    assert type(common) is AscendCommonAttentionMetadata
+    assert common.query_start_loc_cpu.tolist() == [0, 5, 8, 15, 16]  # the dummy request
+    assert (common.num_reqs, common.num_actual_tokens, common.num_input_tokens) == (4, 15, 16)
+    assert common.graph_pad_size == -1  # not set by the runner (model_runner_v1.py:3161-3186)
+    assert common.attn_state is AscendAttentionState.PrefillNoCache
+    assert common._seq_lens_cpu.tolist() == [5, 3, 7, 0]
+    assert common.causal is True
+
+
+def test_vllm_ascends_builder_works_for_nothing_every_step(vllm_config, layer):
+    """vllm-ascend's own builder (the one NPUPlatform selects, which ours subclasses): per
+    step, the pooling mask and a pinned copy of query_start_loc; here the pin then fails."""
+    from vllm_ascend.attention.attention_v1 import AscendAttentionBackend
+
+    assert issubclass(layer.get_attn_backend(), AscendAttentionBackend)
+    runner, builder = runner_for(vllm_config, AscendAttentionBackend)
+    steps, counts = [BATCHES["unpadded"], ([4, 9], None, False)], Counts()
+    for batch in steps:
+        with pytest.raises(RuntimeError, match=PIN_ERROR):
+            run_step(runner, *batch, counts)
+    assert counts.mask_calls == len(steps)
+    assert counts.mask_shapes == [((2048, 2048), torch.bool)] * len(steps)
+    assert counts.mask_bytes == len(steps) * POOLING_MASK_BYTES  # 4 MiB per step
+    # One pin per step, of query_start_loc_cpu (attention_v1.py:315), and it fails here.
+    assert counts.pinned == [[0, 5, 8, 15], [0, 4, 13]]
+    assert len(counts.pin_errors) == len(steps)
+    assert all("getPinnedMemoryAllocator" in error for error in counts.pin_errors)
+
+
+@pytest.mark.parametrize("batch", list(BATCHES))
+def test_our_builder_does_none_of_it_and_packs_the_batch(vllm_config, layer, batch):
+    """Fails on a builder that runs vllm-ascend's `build`: counts > 0, and the pin raises."""
+    from vllm.forward_context import set_forward_context
+    from vllm_ascend.attention.attention_v1 import AscendAttentionState, AscendMetadata
+
+    from vllm_npu_ext import compat
+
+    query_lens, num_tokens_padded, dummy_request = BATCHES[batch]
+    runner, _ = runner_for(vllm_config, layer.get_attn_backend())
+    counts = Counts()
+    try:
+        step = run_step(runner, query_lens, num_tokens_padded, dummy_request, counts)
+    except RuntimeError as error:  # the backend's build ran, and its pin failed (:315)
+        pytest.fail(f"the backend's build ran: {counts}; then {error}")
+    assert counts == Counts()  # no mask, no pin
+
+    metadata = step.attn_metadata[LAYER]
+    seqs = getattr(metadata, compat.PACKED_SEQS_ATTR)
+    cu = [0, 5, 8, 15]
+    assert list(seqs.cu_seqlens) == (cu + [16] if dummy_request else cu)
+    with set_forward_context(step.attn_metadata, vllm_config, num_tokens=step.num_input_tokens):
+        layer_seqs = compat.packed_seqs_for_layer(LAYER, step.num_input_tokens)
+    # The padding rows form one sequence of their own, whoever added it.
+    expected = cu + [16] if num_tokens_padded else cu
+    assert list(layer_seqs.cu_seqlens) == expected
+    assert layer_seqs.seq_lens[: len(query_lens)] == query_lens
+
+    # What vllm-ascend's code may read of it, filled from host values only.
+    assert type(metadata) is AscendMetadata
+    assert metadata.num_actual_tokens == step.num_tokens == 15
+    assert metadata.attn_state is AscendAttentionState.PrefillNoCache
+    assert metadata.causal is True
+    assert metadata.model_runner_type == "pooling"
+    assert metadata.attn_mask is None
+    assert metadata.max_query_len == max(query_lens)
+    assert metadata.actual_seq_lengths_q == seqs.actual_seq_lengths  # [5, 8, 15(, 16)]
+    assert metadata.seq_lens_list == query_lens + [0] * dummy_request  # the dummy's: 0
+    assert metadata.seq_lens.device.type == "cpu" and metadata.seq_lens is metadata.seq_lens_cpu
+    # The runner's own device tensors, not copies.
+    assert metadata.query_start_loc is step.common.query_start_loc
+    assert metadata.query_start_loc.data_ptr() == runner.query_start_loc.gpu.data_ptr()
+    assert metadata.block_tables is step.common.block_table_tensor
+    assert metadata.slot_mapping.shape == (15,)
+
+
+def test_the_choice_follows_the_models_npu_path_test(vllm_ascend_started):
+    from vllm_npu_ext.model_executor.layers.cache_free_attention import npu_path_reads_metadata
+    from vllm_npu_ext.ops import dispatch
+
+    assert dispatch.cpu_takes_npu_path()  # the stand-in is installed
+    assert npu_path_reads_metadata(CPU)
+    assert not npu_path_reads_metadata(torch.device("meta"))
