@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from support.dispatch_record import RecordOps
 
 from vllm_npu_ext import emulator as emu
 from vllm_npu_ext.emulator import _schema
@@ -88,19 +88,9 @@ def test_registered_with_the_wheels_schema_strings():
     assert emu.OPERATORS["npu_format_cast"] is emu.npu_format_cast
 
 
-class _RecordOps(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.seen = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.seen.append((func, args, kwargs or {}))
-        return func(*args, **(kwargs or {}))
-
-
 def test_one_opaque_operator_whose_fake_kernel_matches_the_cpu_kernel():
     w = weight(48, 32).t()
-    with _RecordOps() as mode:
+    with RecordOps() as mode:
         emu.npu_format_cast(w, ACL_FORMAT_FRACTAL_NZ)
     assert [func for func, _, _ in mode.seen] == [torch.ops.npu.npu_format_cast.default]
     ((func, args, kwargs),) = mode.seen

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from support.dispatch_record import RecordOps
 
 from vllm_npu_ext import emulator as emu
 from vllm_npu_ext.emulator import _schema
@@ -288,18 +288,6 @@ def test_calls_are_counted_per_operator():
     assert sum(emu.calls.values()) == 0
 
 
-class _RecordOps(TorchDispatchMode):
-    """Records each operator a dispatch mode sees, with its arguments."""
-
-    def __init__(self):
-        super().__init__()
-        self.seen = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.seen.append((func, args, kwargs or {}))
-        return func(*args, **(kwargs or {}))
-
-
 def test_an_emulated_operator_is_one_opaque_torch_operator(monkeypatch):
     """As with torch_npu, callers see one `npu::` operator, never the emulator's own aten ops;
     inside_operator() is True only while its CPU kernel runs."""
@@ -310,7 +298,7 @@ def test_an_emulated_operator_is_one_opaque_torch_operator(monkeypatch):
     original = norm._rms_norm
     monkeypatch.setattr(norm, "_rms_norm", lambda *a: inside.append(emu.inside_operator())
                         or original(*a))
-    with _RecordOps() as mode:
+    with RecordOps() as mode:
         emu.npu_rms_norm(x, gamma)
     assert [func for func, _, _ in mode.seen] == [torch.ops.npu.npu_rms_norm.default]
     assert inside == [True] and not emu.inside_operator()
@@ -340,7 +328,7 @@ def test_fake_kernels_match_the_cpu_kernels(name):
     # update_type 0: the wheel's meta returns an lse-shaped second output where eager returns
     # None (the kernel allocates it only for update_type 1), so that case cannot agree.
     call = update(update_type=1) if name == "update" else VALID_CALLS[name]
-    with _RecordOps() as mode:
+    with RecordOps() as mode:
         call()
     (func, args, kwargs), = [seen for seen in mode.seen if seen[0].namespace == "npu"]
     torch.library.opcheck(func, args, kwargs, test_utils=("test_schema", "test_faketensor"))
