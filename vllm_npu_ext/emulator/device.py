@@ -54,7 +54,7 @@ def current_device() -> int:
 
 def set_device(device: Any) -> None:
     index = _index(device)
-    if not 0 <= index < max(device_count(), index + 1):
+    if index < 0:  # any other index: workers pick theirs before the process group exists
         raise RuntimeError(f"{NAME}.set_device: invalid device index {index}")
     _state["device"] = index
 
