@@ -67,7 +67,9 @@ def install(sdist: Path, target: Path) -> Path:
         return target
     with tempfile.TemporaryDirectory() as scratch:
         with tarfile.open(sdist) as tar:
-            tar.extractall(scratch, filter="data")
+            # the "data" filter (no links out, no special files) where this Python has it
+            safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+            tar.extractall(scratch, **safe)
         (source,) = Path(scratch).iterdir()
         staged = target.with_name(target.name + ".partial")
         shutil.rmtree(staged, ignore_errors=True)
