@@ -18,14 +18,23 @@ def vllm_ascend_site() -> Path:
     return Path(next(iter(spec.submodule_search_locations))).resolve().parent
 
 
-def subprocess_env(**extra: str) -> dict[str, str]:
-    """This process's environment for a child Python that imports vllm-ascend (first on
-    PYTHONPATH) and the tests' support modules, under the stand-in (VLLM_NPU_EXT_EMULATE=1)."""
+def subprocess_env(site: Path | None = None, **extra: str) -> dict[str, str]:
+    """This process's environment for a child Python that imports vllm-ascend from `site`
+    (default: where this process imports it; first on PYTHONPATH) and the tests' support
+    modules, under the stand-in (VLLM_NPU_EXT_EMULATE=1)."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(vllm_ascend_site()), str(TESTS)])
+    env["PYTHONPATH"] = os.pathsep.join([str(site or vllm_ascend_site()), str(TESTS)])
     env["VLLM_NPU_EXT_EMULATE"] = "1"
     env.update(extra)
     return env
+
+
+def engine_config(model_dir, **engine_args):
+    """The VllmConfig `vllm serve` would build for `model_dir` (on NPUPlatform here: vLLM's
+    hooks, then vllm-ascend's `check_and_update_config`)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    return EngineArgs(model=str(model_dir), **engine_args).create_engine_config()
 
 
 def start_like_a_vllm_ascend_process():

@@ -44,6 +44,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from support.vllm_ascend_env import engine_config
 
 LAYER = "model.layers.0.self_attn.attn"
 MAX_NUM_REQS = 8
@@ -62,12 +63,10 @@ BATCHES = {
 
 
 def pooling_config(model_dir):
-    from vllm.engine.arg_utils import EngineArgs
-
-    return EngineArgs(
-        model=str(model_dir), runner="pooling", max_model_len=256,
+    return engine_config(
+        model_dir, runner="pooling", max_model_len=256,
         max_num_seqs=MAX_NUM_REQS, max_num_batched_tokens=MAX_NUM_TOKENS, enforce_eager=True,
-    ).create_engine_config()  # fmt: skip
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from support.hf_oracle import cosines, hf_embeddings
 from support.scripts import load_script
+from support.vllm_ascend_env import engine_config
 
 from vllm_npu_ext import emulator
 from vllm_npu_ext.selfcheck.tolerances import min_embedding_cosine
@@ -195,12 +196,10 @@ def _load(vllm_config):
 
 def _engine_config(model_dir, dtype: str, additional: dict):
     """The VllmConfig of a pooling run, as NPUPlatform resolves it, loading onto the CPU."""
-    from vllm.engine.arg_utils import EngineArgs
-
-    vllm_config = EngineArgs(
-        model=str(model_dir), runner="pooling", dtype=dtype, max_model_len=256, seed=0,
+    vllm_config = engine_config(
+        model_dir, runner="pooling", dtype=dtype, max_model_len=256, seed=0,
         enforce_eager=True, additional_config=additional,
-    ).create_engine_config()  # fmt: skip
+    )  # fmt: skip
     vllm_config.load_config.device = "cpu"  # the loader's target device: the emulated NPU
     return vllm_config
 

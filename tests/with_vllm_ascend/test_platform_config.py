@@ -10,19 +10,17 @@ run when the model is built) accepts or refuses it.
 from __future__ import annotations
 
 import pytest
+from support.vllm_ascend_env import engine_config as vllm_serve_config
 
 from vllm_npu_ext.model_executor.layers.cache_free_op import SPLITTING_OP
 from vllm_npu_ext.model_executor.models import qwen3_config
 
 
 def engine_config(model_dir, runner="pooling", compilation=None, additional=None, **more):
-    from vllm.engine.arg_utils import EngineArgs
-
-    args = EngineArgs(
-        model=str(model_dir), runner=runner, max_model_len=128,
+    return vllm_serve_config(
+        model_dir, runner=runner, max_model_len=128,
         compilation_config=compilation or {}, additional_config=additional or {}, **more,
     )  # fmt: skip
-    return args.create_engine_config()
 
 
 @pytest.fixture(scope="module")

@@ -117,12 +117,12 @@ def fresh_process(tmp_path_factory, vllm_ascend_started):
     other = make_vendor_dir(scratch / "opp" / "vendors" / "customize", ["Other"])
     extension = _fake_extension(site, scratch)
     env = subprocess_env(
+        site,
         VLLM_NPU_EXT_OPP_PATH=str(ours),
         # vllm-ascend's entries first and ours last, as vllm-ascend's image leaves them.
         ASCEND_CUSTOM_OPP_PATH=":".join(map(str, (theirs, other, ours))),
         LD_LIBRARY_PATH=":".join(str(lib_dir(p)) for p in (ours, other, theirs)),
     )
-    env["PYTHONPATH"] = os.pathsep.join([str(site), env["PYTHONPATH"].split(os.pathsep, 1)[1]])
     env.pop("VLLM_PLUGINS", None)
     done = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True,
                           timeout=300)  # fmt: skip
