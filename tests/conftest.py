@@ -19,6 +19,10 @@ from vllm_npu_ext.tiny_model import make_tiny_model
 
 ENGINE_CONFIGS_NEEDED = pytest.StashKey[set]()
 VLLM_ASCEND_TESTS = Path(__file__).resolve().parent / "with_vllm_ascend"
+# The stand-in's npu device, installed for the whole process: tests/test_npu_device.py runs
+# this directory in a pytest process of its own.
+NPU_DEVICE_TESTS = Path(__file__).resolve().parent / "npu_device"
+NPU_DEVICE_RUN = "VLLM_NPU_EXT_TEST_NPU_DEVICE_RUN"
 
 
 def pytest_ignore_collect(collection_path, config):
@@ -26,6 +30,8 @@ def pytest_ignore_collect(collection_path, config):
     the rest only without it: installed, vllm-ascend's platform plugin claims every vLLM
     process, so vLLM's CPU platform, which the rest of the suite runs on, is gone."""
     path = Path(collection_path).resolve()
+    if path == NPU_DEVICE_TESTS and os.environ.get(NPU_DEVICE_RUN) != "1":
+        return True
     if path in VLLM_ASCEND_TESTS.parents:
         return None
     inside = path == VLLM_ASCEND_TESTS or VLLM_ASCEND_TESTS in path.parents

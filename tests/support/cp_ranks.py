@@ -17,10 +17,15 @@ from support.server import free_port
 TIMEOUT_S = 60
 
 
-def _rank_entry(rank, world, port, worker, args, result_dir, timeout_s=TIMEOUT_S):
+def _rank_entry(rank, world, port, worker, args, result_dir, timeout_s=TIMEOUT_S,
+                backend="gloo"):  # fmt: skip
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if backend == "hccl":  # the torch_npu stand-in's: gloo carrying host and npu tensors
+        from vllm_npu_ext import emulator
+
+        emulator.install_stand_in()
     dist.init_process_group(
-        "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s)
+        backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s)
     )
     try:
         result = worker(rank, world, *args)
@@ -30,16 +35,18 @@ def _rank_entry(rank, world, port, worker, args, result_dir, timeout_s=TIMEOUT_S
 
 
 def run_ranks(
-    worker, world: int, args: tuple, result_dir: Path, timeout_s: int = TIMEOUT_S
+    worker, world: int, args: tuple, result_dir: Path, timeout_s: int = TIMEOUT_S,
+    backend: str = "gloo",
 ) -> list:
     """Run `worker(rank, world, *args)` in `world` spawned gloo processes; their results.
 
+    backend "hccl" installs the torch_npu stand-in in each rank first (its `hccl` group).
     worker must be a module-level function returning something JSON-serialisable. Each
     collective may wait `timeout_s`; the whole run, twice that.
     """
     context = mp.start_processes(
         _rank_entry,
-        args=(world, free_port(), worker, args, str(result_dir), timeout_s),
+        args=(world, free_port(), worker, args, str(result_dir), timeout_s, backend),
         nprocs=world,
         join=False,
         start_method="spawn",

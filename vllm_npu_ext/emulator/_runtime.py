@@ -12,9 +12,10 @@ opaque operator, as it does the real ones.
 
 The public function `npu_xxx(...)` first runs, in eager mode only, the emulator's own stricter
 binder (`_schema.bind`: TypeError naming the argument, host-side int lists instead of tensors,
-every tensor on the CPU), then calls `torch.ops.npu.npu_xxx`. Calls are counted and corrupted
-inside the CPU kernel, so each execution counts once, eager or compiled (a compiled graph calls
-the kernel, never the public function).
+every tensor on one device: the CPU, or the stand-in's host-backed `npu` device), then calls
+`torch.ops.npu.npu_xxx`. Calls are counted and corrupted inside the CPU kernel, so each
+execution counts once, eager or compiled (a compiled graph calls the kernel, never the public
+function). npu tensors reach that kernel through the device's fallback, as host views.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def emulated_operator(
         @functools.wraps(impl)
         def operator(*args: Any, **kwargs: Any) -> Any:
             if not torch.compiler.is_compiling():
-                require_cpu(bind(op, args, kwargs))
+                require_one_device(bind(op, args, kwargs))
             return packet(*args, **kwargs)
 
         operator.__name__ = operator.__qualname__ = op
@@ -140,13 +141,30 @@ def _cpu_kernel(op: str, overload: str, impl: Callable[[BoundCall], Any], emulat
     return kernel
 
 
-def require_cpu(call: BoundCall) -> None:
-    """ValueError unless every tensor argument lives on the CPU (the emulated NPU)."""
+# The devices an emulated operator takes: the CPU (the emulated NPU path), or `npu` (the
+# stand-in's host-backed device, `host_npu`), whose tensors reach the CPU kernel as CPU
+# tensors over the same memory (its fallback) and whose results come back as npu tensors.
+DEVICES = ("cpu", "npu")
+
+
+def require_one_device(call: BoundCall) -> None:
+    """ValueError unless every tensor argument lives on one device, the CPU or the stand-in's
+    `npu` (as on an NPU, where a host tensor among device tensors is refused)."""
+    seen: tuple[str, str] | None = None
     for name, value in call.arguments.items():
         items = value if isinstance(value, (list, tuple)) else [value]
         for item in items:
-            if isinstance(item, torch.Tensor) and item.device.type != "cpu":
+            if not isinstance(item, torch.Tensor):
+                continue
+            kind = item.device.type
+            if kind not in DEVICES:
                 raise ValueError(
-                    f"{call.op}: argument {name!r} is on {item.device}; every tensor must be on "
-                    "the CPU, the device the emulator stands in for"
+                    f"{call.op}: argument {name!r} is on {item.device}; tensors must be on the "
+                    "CPU or the stand-in's npu device, the devices the emulator stands in for"
                 )
+            if seen is not None and kind != seen[1]:
+                raise ValueError(
+                    f"{call.op}: argument {name!r} is on {item.device} but {seen[0]!r} is on "
+                    f"{seen[1]}; every tensor argument must be on one device"
+                )
+            seen = seen or (name, kind)

@@ -1,11 +1,12 @@
 """The `torch.npu` device module of the stand-in (also `torch_npu.npu`).
 
-The device is the host: tensors of the emulated NPU path live on the CPU, and host kernels run
-synchronously, so streams and events keep their ordering semantics trivially (work submitted
-to any stream has completed when the call returns; `query()` is True). What is here is what
-vllm-ascend 0.23's code reads on the paths the tests run; everything else raises
-AttributeError naming it (`_strict`). Graph capture (`NPUGraph`, `graph`, `ExternalEvent`)
-exists as names for annotations and raises NotImplementedError when used.
+The device is the host: `npu` tensors are host memory (`host_npu`, which also holds the
+current device index and count), and host kernels run synchronously, so streams and events
+keep their ordering semantics trivially (work submitted to any stream has completed when the
+call returns; `query()` is True). What is here is what vllm-ascend 0.23's code reads on the
+paths the tests run; everything else raises AttributeError naming it (`_strict`). Graph
+capture (`NPUGraph`, `graph`, `ExternalEvent`) exists as names for annotations and raises
+NotImplementedError when used.
 
 Memory figures are the host's (`/proc/meminfo`): `mem_get_info()` is (MemAvailable, MemTotal).
 The device count is 1, or the number of ranks once torch.distributed is initialised, so a
@@ -21,6 +22,7 @@ from typing import Any
 
 import torch
 
+from . import host_npu
 from ._strict import not_emulated, strict_module
 
 NAME = "torch.npu"
@@ -28,13 +30,13 @@ NAME = "torch.npu"
 
 def _index(device: Any) -> int:
     if device is None:
-        return _state["device"]
+        return current_device()
     if isinstance(device, int):
         return device
     if isinstance(device, str):
         device = torch.device(device)
     if isinstance(device, torch.device):
-        return _state["device"] if device.index is None else device.index
+        return current_device() if device.index is None else device.index
     raise TypeError(f"{NAME}: expected a device index, 'npu:N' or torch.device, got {device!r}")
 
 
@@ -43,30 +45,50 @@ def is_available() -> bool:
 
 
 def device_count() -> int:
+    count = 1
     if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_world_size()
-    return 1
+        count = torch.distributed.get_world_size()
+    host_npu.set_device_count(count)  # what torch's guard and hooks report too
+    return count
 
 
 def current_device() -> int:
-    return _state["device"]
+    return host_npu.current_device()
 
 
 def set_device(device: Any) -> None:
-    index = _index(device)
-    if index < 0:  # any other index: workers pick theirs before the process group exists
-        raise RuntimeError(f"{NAME}.set_device: invalid device index {index}")
-    _state["device"] = index
+    """Workers pick their index before the process group exists: any index the device
+    library accepts (0-63), not only those below device_count()."""
+    host_npu.set_device(_index(device))
 
 
 @contextlib.contextmanager
 def device(index: Any) -> Iterator[None]:
-    previous = _state["device"]
+    previous = current_device()
     set_device(index)
     try:
         yield
     finally:
-        _state["device"] = previous
+        set_device(previous)
+
+
+def manual_seed(seed: int) -> None:
+    """Seed the current device's default generator (the host's Mersenne Twister on the npu
+    device: an npu draw equals the CPU draw after the same seed)."""
+    host_npu.manual_seed(int(seed), current_device())
+
+
+def manual_seed_all(seed: int) -> None:
+    host_npu.manual_seed(int(seed), -1)
+
+
+def initial_seed() -> int:
+    return host_npu.initial_seed(current_device())
+
+
+def _is_in_bad_fork() -> bool:
+    """torch asks before seeding a device module; the host device survives fork."""
+    return False
 
 
 def synchronize(device: Any = None) -> None:
@@ -209,7 +231,6 @@ def _require(value: Any, cls: type, where: str) -> Any:
     return value
 
 
-_state: dict[str, Any] = {"device": 0}
 _streams: dict[int, Stream] = {}
 _current: dict[int, Stream] = {}
 
@@ -267,9 +288,12 @@ def graph(*args: Any, **kwargs: Any):
 
 
 def build() -> Any:
-    """A new `torch.npu` module object holding this module's public names."""
+    """A new `torch.npu` module object holding this module's public names (the device library
+    loaded: it holds the current device; loading it does not rename PrivateUse1)."""
+    host_npu.load()
     names = [
         "is_available", "device_count", "current_device", "set_device", "device",
+        "manual_seed", "manual_seed_all", "initial_seed", "_is_in_bad_fork",
         "synchronize", "empty_cache", "mem_get_info", "memory_allocated",
         "max_memory_allocated", "memory_reserved", "max_memory_reserved",
         "reset_peak_memory_stats", "memory_stats", "is_current_stream_capturing", "Stream",

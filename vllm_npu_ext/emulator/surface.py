@@ -1,19 +1,17 @@
 """The torch_npu surface beyond the operators: what vllm-ascend imports and reads.
 
 `install()` does, on the CPU, what `import torch_npu` does to torch on an NPU host (torch-npu
-2.10.0.post4 `torch_npu/__init__.py`): the PrivateUse1 backend is renamed `npu`
-(`torch.device("npu")` parses) and registered with hooks and a device guard (torch's Python
-backend registration), the `torch.npu` device module is registered (`device.py`,
-also `torch_npu.npu`), `torch_npu._C` and `torch_npu._C._distributed_c10d` exist with the
-names vllm-ascend reads, and the `hccl` process-group backend exists: here it is gloo, so
-vLLM's and vllm-ascend's HCCL groups run between host processes. Operators registered only
-for the NPU's dispatch key (vLLM registers its own for the platform's key) run on CPU
-tensors through a CPU backend fallback (`_npu_kernel_on_host`). The renaming cannot be
-undone, so the surface stays for the life of the process: it is for processes that run
-vllm-ascend (`VLLM_NPU_EXT_EMULATE=1` processes, `tests/with_vllm_ascend`).
-
-Tensors on the `npu` device itself are not provided here (no allocator is registered for it):
-an aten operator on an `npu` tensor fails naming the operator and the PrivateUse1 backend.
+2.10.0.post4 `torch_npu/__init__.py`): the PrivateUse1 backend becomes the `npu` device
+(`host_npu`: a C++ backend whose memory is host memory, so `torch.empty(..., device="npu")`,
+copies, views and every aten operator work on `npu` tensors), the `torch.npu` device module
+is registered (`device.py`, also `torch_npu.npu`), `torch_npu._C` and
+`torch_npu._C._distributed_c10d` exist with the names vllm-ascend reads, and the `hccl`
+process-group backend exists (`collectives.py`: gloo, for host and npu tensors), so vLLM's
+and vllm-ascend's HCCL groups run between host processes. Operators registered only for the
+NPU's dispatch key (vLLM registers its own for the platform's key) also run on CPU tensors,
+through a CPU backend fallback (`_npu_kernel_on_host`). The renaming cannot be undone, so the
+surface stays for the life of the process: it is for processes that run vllm-ascend
+(`VLLM_NPU_EXT_EMULATE=1` processes, `tests/with_vllm_ascend`).
 """
 
 from __future__ import annotations
@@ -24,24 +22,12 @@ import sys
 from types import ModuleType
 
 import torch
-import torch.distributed as dist
-from torch.utils import backend_registration
 
-from . import device
+from . import collectives, device
 from ._strict import not_emulated, strict_module
 
-HCCL = "hccl"
 _installed: list[ModuleType] = []
 _libraries: list[torch.library.Library] = []  # kept alive: dropping one unregisters it
-
-
-def _hccl_as_gloo(store, rank: int, size: int, timeout):
-    """The `hccl` backend's creator: a gloo group over the same store."""
-    return dist.ProcessGroupGloo(store, rank, size, timeout)
-
-
-def is_hccl_available() -> bool:
-    return HCCL in dist.Backend.backend_list
 
 
 class _HcclOptions:
@@ -55,7 +41,7 @@ class _HcclOptions:
         self.global_ranks_in_group: list[int] = []
         self.group_id = ""
         self.group_name = ""
-        self.backend = HCCL
+        self.backend = collectives.HCCL
         self.is_high_priority_stream = is_high_priority_stream
         self._timeout = None
 
@@ -77,24 +63,6 @@ def _c_modules() -> tuple[ModuleType, ModuleType]:
         _NPUTaskGroupHandle=not_emulated("torch_npu._C._NPUTaskGroupHandle"),
     )
     return c, c10d
-
-
-class _Hooks(torch._C._acc.PrivateUse1Hooks):
-    """PrivateUse1 hooks: the host device is always there."""
-
-    def is_available(self) -> bool:
-        return True
-
-    def has_primary_context(self, dev_id) -> bool:
-        return True
-
-    def is_built(self) -> bool:
-        return True
-
-
-class _DeviceGuard(torch._C._acc.DeviceGuard):
-    def type_(self):
-        return torch._C._autograd.DeviceType.PrivateUse1
 
 
 def _register_atb_extensions() -> None:
@@ -152,13 +120,14 @@ def install(torch_npu: ModuleType) -> ModuleType:
     """Give `torch_npu` (the emulator module) its surface and torch its `npu` device; once."""
     if _installed:
         return _installed[0]
-    npu = device.build()
-    # torch's registration of a Python backend on PrivateUse1: the name `npu`, the device
-    # module, and the hooks and device guard torch queries for an accelerator (without hooks,
-    # torch.distributed.barrier() fails asking for them once the backend is renamed).
-    backend_registration._setup_privateuseone_for_python_backend(
-        rename="npu", backend_module=npu, hook=_Hooks(), device_guard=_DeviceGuard()
-    )
+    # The device library registers PrivateUse1's allocator, guard, hooks and kernels (torch
+    # asks the hooks for the accelerator: without them torch.distributed.barrier() fails once
+    # the backend is renamed); then the name `npu`, the device module and the Tensor/Module
+    # methods torch_npu adds (`.npu()`, `.is_npu`).
+    npu = device.build()  # loads host_npu
+    torch.utils.rename_privateuse1_backend("npu")
+    torch._register_device_module("npu", npu)
+    torch.utils.generate_methods_for_privateuse1_backend()
     c, c10d = _c_modules()
     submodules = {
         "torch_npu.npu": npu, "torch_npu._C": c, "torch_npu._C._distributed_c10d": c10d,
@@ -171,8 +140,6 @@ def install(torch_npu: ModuleType) -> ModuleType:
     fallback = torch.library.Library("_", "IMPL")
     fallback.fallback(_npu_kernel_on_host, "CPU", with_keyset=True)
     _libraries.append(fallback)
-    if HCCL not in dist.Backend.backend_list:
-        dist.Backend.register_backend(HCCL, _hccl_as_gloo, devices=["cpu", "npu"])
-    dist.is_hccl_available = is_hccl_available
+    collectives.register()
     _installed.append(npu)
     return npu
