@@ -27,6 +27,14 @@ and the copy of its result into the buffer the graph before it allocated, the pa
 own attention op follows); `ops_per_layer` is the operators of one piece between two attention
 ops (one layer's work but attention) plus one splitting piece. Views and bare allocations
 never count; in-place operators (copies) do. Last line: one JSON object with the counts.
+
+Under vllm-ascend (`--vllm-ascend SITE`, SITE = where vllm-ascend is installed, e.g.
+`.venv-ascend/vllm-ascend`; run with that stack's python): one in-process engine each for us and
+for stock vllm-ascend (our model plugin left out of VLLM_PLUGINS) on vllm-ascend's NPUWorker and
+NPUModelRunner under the torch_npu stand-in (`_vllm_ascend_engine.py`), eager, and the device
+operators of the first decoder layer's forward for one text, counted by the same counter:
+`vllm_ascend` and `stock_vllm_ascend` in the JSON (an entry that could not run says where it
+stopped).
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ import os
 import sys
 import tempfile
 from collections import Counter
+from pathlib import Path
 
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
@@ -204,10 +213,36 @@ def _attributed(counter: OpCounter, label: str, forward):
     return run
 
 
+def count_under_vllm_ascend(site: str, model_dir: str) -> dict:
+    """Our model and stock vllm-ascend's, each in its own engine process (see the docstring)."""
+    import subprocess
+
+    from _vllm_ascend_engine import entry
+
+    script = Path(__file__).resolve().parent / "_vllm_ascend_engine.py"
+    env = {**os.environ, "VLLM_NPU_EXT_EMULATE": "1",
+           "PYTHONPATH": os.pathsep.join([site, os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    entries = {}
+    with tempfile.TemporaryDirectory(prefix="count_ops_") as scratch:
+        for name, flags in (("vllm_ascend", []), ("stock_vllm_ascend", ["--stock"])):
+            out = Path(scratch, f"{name}.json")
+            completed = subprocess.run(
+                [sys.executable, str(script), "--model", model_dir, "--out", str(out),
+                 "--texts", json.dumps(["the quick brown fox jumps over the lazy dog"]), *flags],
+                env=env, capture_output=True, text=True, check=False,
+            )  # fmt: skip
+            results = json.loads(out.read_text()) if out.exists() else None
+            entries[name] = entry(completed.returncode, results,
+                                  completed.stdout + completed.stderr)  # fmt: skip
+    return entries
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="checkpoint dir (default: a fresh tiny checkpoint)")
     parser.add_argument("--tokens", default="37,5,120", help="sequence lengths of the batch")
+    parser.add_argument("--vllm-ascend", metavar="SITE",
+                        help="count under vllm-ascend (installed at SITE), for us and for stock")
     args = parser.parse_args()
     tokens = [int(t) for t in args.tokens.split(",")]
 
@@ -216,6 +251,13 @@ def main() -> int:
     from vllm_npu_ext.tiny_model import make_tiny_model
 
     model_dir = args.model or str(make_tiny_model(tempfile.mkdtemp(prefix="count_ops_")))
+    if args.vllm_ascend:
+        entries = count_under_vllm_ascend(str(Path(args.vllm_ascend).resolve()), model_dir)
+        print("| under vllm-ascend | ops per decoder layer |\n|---|---|")
+        for name, entry in entries.items():
+            print(f"| {name} | {entry.get('per_layer', 'blocked: ' + entry.get('blocked', ''))} |")
+        print(json.dumps(entries))
+        return 0
     emulator.install()
     from vllm import LLM
 

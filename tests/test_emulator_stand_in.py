@@ -63,7 +63,8 @@ def test_devices_and_memory_are_the_hosts(npu):
     free, total = npu.mem_get_info()
     assert 0 < free <= total
     stats = npu.memory_stats()
-    assert 0 < stats["allocated_bytes.all.current"] <= stats["allocated_bytes.all.peak"]
+    assert 0 <= stats["allocated_bytes.all.current"] <= stats["allocated_bytes.all.peak"]
+    assert stats["allocated_bytes.all.current"] == npu.memory_allocated() == total - free
     npu.config.allow_internal_format = True
     with pytest.raises(AttributeError):
         npu.config.other_flag = True

@@ -33,10 +33,19 @@ def test_npu_tensors_are_host_memory_counted_by_the_allocator():
     assert (x.device, x.is_npu, x.is_cpu) == (NPU, True, False)
     assert during.allocated_bytes - before.allocated_bytes == 4000
     assert during.live_allocations == before.live_allocations + 1
+    assert torch.npu.memory_allocated() == during.allocated_bytes
+    free, total = torch.npu.mem_get_info()
+    assert total - free == during.allocated_bytes  # device memory: what npu tensors hold
+    assert torch.npu.max_memory_allocated() >= during.allocated_bytes
+    cpu_tensor = torch.empty(1000)  # host tensors do not count against the device
+    assert torch.npu.memory_allocated() == during.allocated_bytes
+    del cpu_tensor
     view = host_npu.host_view(x)
     assert view.device.type == "cpu" and view.data_ptr() == x.data_ptr()
     del x, view
     assert host_npu.memory_figures().allocated_bytes == before.allocated_bytes
+    torch.npu.reset_peak_memory_stats()
+    assert torch.npu.max_memory_allocated() == torch.npu.memory_allocated()
 
 
 VIEWS = {

@@ -41,6 +41,7 @@ from types import ModuleType
 from . import platform
 from ._runtime import OPERATORS, calls, corrupted, inside_operator, reset_counts
 from ._schema import schema_document
+from .atb import _npu_matmul_add_fp32, _npu_rotary_embedding
 from .attention import npu_fused_infer_attention_score, npu_fusion_attention
 from .attention_update import npu_attention_update
 from .format_cast import npu_format_cast
@@ -51,8 +52,8 @@ from .pointwise import npu_rotary_mul, npu_swiglu
 __vllm_npu_ext_emulator__ = True
 
 __all__ = [
-    "OPERATORS", "calls", "corrupted", "emulated", "inside_operator", "install",
-    "install_stand_in", "reset_counts",
+    "OPERATORS", "_npu_matmul_add_fp32", "_npu_rotary_embedding", "calls", "corrupted",
+    "emulated", "inside_operator", "install", "install_stand_in", "reset_counts",
     "schema_document", "uninstall", "npu_add_rms_norm", "npu_attention_update",
     "npu_format_cast", "npu_fused_infer_attention_score", "npu_fusion_attention",
     "npu_grouped_matmul", "npu_linear", "npu_rms_norm", "npu_rotary_mul", "npu_swiglu",

@@ -8,7 +8,9 @@ paths the tests run; everything else raises AttributeError naming it (`_strict`)
 capture (`NPUGraph`, `graph`, `ExternalEvent`) exists as names for annotations and raises
 NotImplementedError when used.
 
-Memory figures are the host's (`/proc/meminfo`): `mem_get_info()` is (MemAvailable, MemTotal).
+Memory figures are the device allocator's (`host_npu`'s ledger of live npu allocations and their
+peak); the device's total is the host's MemTotal, so `mem_get_info()` is (MemTotal - npu bytes in
+use, MemTotal).
 The device count is 1, or the number of ranks once torch.distributed is initialised, so a
 process group of N ranks sees N devices as on an N-NPU host.
 """
@@ -16,6 +18,7 @@ process group of N ranks sees N devices as on an N-NPU host.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -91,6 +94,38 @@ def _is_in_bad_fork() -> bool:
     return False
 
 
+# The NPU the host stands for: an Atlas A2 Ascend 910B3 (torch_npu's SocVersion 223; 20 cube
+# and 40 vector cores, the count the host build of our AscendC kernel assumes).
+SOC_VERSION = 223
+DEVICE_NAME = "Ascend910B3"
+CUBE_CORES, VECTOR_CORES = 20, 40
+
+
+def get_soc_version() -> int:
+    """vllm-ascend maps 220-225 to its A2 device type (utils.py:850-860)."""
+    return SOC_VERSION
+
+
+def get_device_name(device: Any = None) -> str:
+    _index(device)
+    return DEVICE_NAME
+
+
+@dataclasses.dataclass(frozen=True)
+class _DeviceProperties:
+    name: str
+    total_memory: int
+    cube_core_num: int
+    vector_core_num: int
+    uuid: str
+
+
+def get_device_properties(device: Any = None) -> _DeviceProperties:
+    index = _index(device)
+    return _DeviceProperties(DEVICE_NAME, _meminfo()["MemTotal"], CUBE_CORES, VECTOR_CORES,
+                             f"host-npu-{index}")  # fmt: skip
+
+
 def synchronize(device: Any = None) -> None:
     """Host kernels have finished when they return: nothing is pending."""
     _index(device)
@@ -110,45 +145,36 @@ def _meminfo() -> dict[str, int]:
 
 
 def mem_get_info(device: Any = None) -> tuple[int, int]:
-    """(free, total) bytes: the host's MemAvailable and MemTotal."""
+    """(free, total) bytes of the device: its memory is the host's (MemTotal), of which the npu
+    allocator's live allocations are in use; host tensors do not count against it."""
     _index(device)
-    figures = _meminfo()
-    return figures["MemAvailable"], figures["MemTotal"]
-
-
-def _status_bytes(field: str) -> int:
-    with open("/proc/self/status", encoding="ascii") as file:
-        for line in file:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"/proc/self/status has no {field}")
+    total = _meminfo()["MemTotal"]
+    return total - host_npu.memory_figures().allocated_bytes, total
 
 
 def memory_allocated(device: Any = None) -> int:
-    """This process's resident memory (VmRSS): the host's stand-in for device allocations."""
+    """Bytes of the npu tensors alive now (the device allocator's ledger)."""
     _index(device)
-    return _status_bytes("VmRSS")
+    return host_npu.memory_figures().allocated_bytes
 
 
 def max_memory_allocated(device: Any = None) -> int:
-    """Peak resident memory (VmHWM) since the process started or reset_peak_memory_stats()."""
+    """The ledger's peak since the process started or reset_peak_memory_stats()."""
     _index(device)
-    return _status_bytes("VmHWM")
+    return host_npu.memory_figures().peak_bytes
 
 
-memory_reserved = memory_allocated
+memory_reserved = memory_allocated  # the host allocator keeps no cache
 max_memory_reserved = max_memory_allocated
 
 
 def reset_peak_memory_stats(device: Any = None) -> None:
-    """Reset VmHWM to the current VmRSS (Linux `/proc/self/clear_refs`, value 5)."""
     _index(device)
-    with open("/proc/self/clear_refs", "w", encoding="ascii") as file:
-        file.write("5")
+    host_npu.reset_peak()
 
 
 def memory_stats(device: Any = None) -> dict[str, int]:
-    """The allocator-statistics keys vLLM reads, from the host figures above."""
+    """The allocator-statistics keys vLLM and vllm-ascend read, from the ledger."""
     current, peak = memory_allocated(device), max_memory_allocated(device)
     stats = {"num_alloc_retries": 0, "num_ooms": 0}
     for kind in ("allocated_bytes", "reserved_bytes", "active_bytes"):
@@ -287,6 +313,20 @@ def graph(*args: Any, **kwargs: Any):
     raise NotImplementedError(f"{NAME}.graph (capture) is not emulated by the torch_npu stand-in")
 
 
+def _use_mem_pool(*args: Any, **kwargs: Any):
+    raise NotImplementedError(f"{NAME}.memory.use_mem_pool (sleep mode's pool) is not emulated")
+
+
+def _memory_module() -> Any:
+    """`torch.npu.memory`: names vllm-ascend's sleep-mode allocator annotates with
+    (device_allocator/camem.py:96-110); a pluggable allocator or memory pool is not emulated."""
+    return strict_module(
+        f"{NAME}.memory", "Memory pools: names only.",
+        NPUPluggableAllocator=not_emulated(f"{NAME}.memory.NPUPluggableAllocator"),
+        MemPool=not_emulated(f"{NAME}.memory.MemPool"), use_mem_pool=_use_mem_pool,
+    )  # fmt: skip
+
+
 def build() -> Any:
     """A new `torch.npu` module object holding this module's public names (the device library
     loaded: it holds the current device; loading it does not rename PrivateUse1)."""
@@ -294,10 +334,12 @@ def build() -> Any:
     names = [
         "is_available", "device_count", "current_device", "set_device", "device",
         "manual_seed", "manual_seed_all", "initial_seed", "_is_in_bad_fork",
+        "get_soc_version", "get_device_name", "get_device_properties",
         "synchronize", "empty_cache", "mem_get_info", "memory_allocated",
         "max_memory_allocated", "memory_reserved", "max_memory_reserved",
         "reset_peak_memory_stats", "memory_stats", "is_current_stream_capturing", "Stream",
         "Event", "ExternalEvent", "default_stream", "current_stream", "set_stream", "stream",
         "NPUGraph", "graph", "config",
     ]  # fmt: skip
-    return strict_module(NAME, __doc__, **{name: globals()[name] for name in names})
+    return strict_module(NAME, __doc__, memory=_memory_module(),
+                         **{name: globals()[name] for name in names})  # fmt: skip

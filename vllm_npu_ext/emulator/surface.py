@@ -76,6 +76,22 @@ def _dynamic_profile_step() -> None:
         raise NotImplementedError("torch_npu.profiler.dynamic_profile is not emulated")
 
 
+def _acl_memcpy(*args, **kwargs):
+    raise NotImplementedError(
+        "acl.rt.memcpy (CANN's pyACL) is not emulated: the host-backed npu device copies with "
+        "Tensor.copy_"
+    )
+
+
+def _acl_modules() -> dict[str, ModuleType]:
+    """CANN's Python runtime binding (pyACL), which vllm-ascend's sleep-mode allocator imports
+    a name from (`device_allocator/camem.py:27`, `from acl.rt import memcpy`, unused there);
+    NPUWorker's module imports that allocator. Names only."""
+    rt = strict_module("acl.rt", "pyACL's runtime: names only.", memcpy=_acl_memcpy)
+    acl = strict_module("acl", "CANN's pyACL: names only.", rt=rt)
+    return {"acl": acl, "acl.rt": rt}
+
+
 def _python_modules() -> dict[str, ModuleType]:
     """torch_npu's Python submodules that vllm-ascend imports names from."""
     atb_ops = strict_module(
@@ -137,6 +153,8 @@ def install(torch_npu: ModuleType) -> ModuleType:
         if name.count(".") == 1:
             setattr(torch_npu, name.split(".")[1], module)
     sys.modules.update(submodules)
+    for name, module in _acl_modules().items():
+        sys.modules.setdefault(name, module)  # a real pyACL, where there is one, stays
     fallback = torch.library.Library("_", "IMPL")
     fallback.fallback(_npu_kernel_on_host, "CPU", with_keyset=True)
     _libraries.append(fallback)

@@ -1,0 +1,129 @@
+"""One in-process vLLM engine on vllm-ascend's NPUPlatform, NPUWorker and NPUModelRunner under
+the torch_npu stand-in (host-backed `npu` device); writes what the tests check as JSON.
+
+    VLLM_NPU_EXT_EMULATE=1 PYTHONPATH=<vllm-ascend site>:tests \\
+        python tests/support/vllm_ascend_engine.py --model DIR --out FILE --texts JSON [--stock]
+
+`--stock` is stock vllm-ascend: our general plugin (the model) left out of VLLM_PLUGINS, our
+platform plugin kept (it only installs the stand-in here). Results: the worker's, runner's and
+model's classes, the device of the model's parameters, the KV cache as the runner allocated it
+(bytes of `runner.kv_caches` tensors, and the device allocator's bytes), the embeddings, and the
+device operators the first decoder layer ran for one text (count_ops.py's counter), with the
+torch_npu stand-in's operator calls of that forward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parent
+OUR_PLUGIN = "vllm_npu_ext"
+# vllm-ascend 0.23.0.post1's entry points (its dist-info), and our platform plugin.
+STOCK_PLUGINS = ("vllm_npu_ext_bootstrap,ascend,ascend_kv_connector,ascend_model,"
+                 "ascend_model_loader,ascend_service_profiling")  # fmt: skip
+
+
+def _tensor_bytes(value) -> int:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(_tensor_bytes(item) for item in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_tensor_bytes(item) for item in value)
+    return 0
+
+
+def _layer_ops(model, run) -> dict[str, int]:
+    """The device operators of the first decoder layer's forward during `run()`, counted by
+    benchmarks/count_ops.py's counter (views and bare allocations excluded; a torch_npu
+    operator is one operator)."""
+    sys.path.insert(0, str(BENCHMARKS))
+    from count_ops import OpCounter
+
+    counter = OpCounter()
+    layer = model.model.layers[model.model.start_layer]
+
+    def enter(module, args) -> None:  # a pre-hook's return value would replace the arguments
+        counter.__enter__()
+
+    def leave(module, args, output) -> None:
+        counter.__exit__(None, None, None)
+
+    entered = layer.register_forward_pre_hook(enter)
+    left = layer.register_forward_hook(leave)
+    try:
+        run()
+    finally:
+        entered.remove()
+        left.remove()
+    return dict(sorted(counter.ops.items()))
+
+
+def entry(returncode: int, results: dict | None, log: str) -> dict:
+    """One side's entry from this script: its operators per decoder layer, or where
+    it stopped (the last exception line of its log)."""
+    if returncode == 0 and results is not None:
+        ops = results["ops_per_layer"]
+        return {"per_layer": sum(ops.values()), "ops": ops, "model": results["model"],
+                "kv_cache_tensor_bytes": results["kv_cache_tensor_bytes"]}  # fmt: skip
+    errors = [line for line in log.splitlines() if "Error:" in line]
+    return {"blocked": errors[-1].strip() if errors else f"exit code {returncode}"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--texts", required=True)
+    parser.add_argument("--stock", action="store_true")
+    parser.add_argument("--engine-args", default="{}")
+    args = parser.parse_args()
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if args.stock:
+        os.environ["VLLM_PLUGINS"] = STOCK_PLUGINS
+    texts = json.loads(args.texts)
+
+    import torch
+    from vllm import LLM
+
+    from vllm_npu_ext.emulator import _runtime, host_npu
+
+    engine_args = dict(runner="pooling", convert="embed", dtype="float32", max_model_len=128,
+                       enforce_eager=True, kv_cache_memory_bytes=16 << 20)  # fmt: skip
+    engine_args.update(json.loads(args.engine_args))
+    llm = LLM(args.model, **engine_args)
+    worker = llm.llm_engine.model_executor.driver_worker.worker
+    runner = worker.model_runner
+    model = runner.get_model()
+    parameters = {str(p.device) for p in model.parameters()}
+    embeddings = [o.outputs.embedding for o in llm.embed(texts)]
+
+    layers = llm.llm_engine.vllm_config.model_config.hf_config.num_hidden_layers
+    _runtime.reset_counts()
+    per_layer = _layer_ops(model, lambda: llm.embed(texts[:1]))
+    results = {
+        "worker": type(worker).__module__ + "." + type(worker).__qualname__,
+        "runner": type(runner).__module__ + "." + type(runner).__qualname__,
+        "model": type(model).__module__ + "." + type(model).__qualname__,
+        "device": str(runner.device), "parameter_devices": sorted(parameters),
+        "kv_cache_tensor_bytes": _tensor_bytes(getattr(runner, "kv_caches", [])),
+        "kv_cache_groups": len(runner.kv_cache_config.kv_cache_groups),
+        "device_allocated_bytes": host_npu.memory_figures().allocated_bytes,
+        "embeddings": embeddings, "ops_per_layer": per_layer,
+        "emulated_calls": dict(_runtime.calls), "layers": layers,
+        "dtype": str(next(model.parameters()).dtype), "torch_npu_is_stand_in":
+        getattr(__import__("torch_npu"), "__vllm_npu_ext_emulator__", False),
+        "npu_tensors": torch.npu.memory_allocated() > 0,
+    }  # fmt: skip
+    with open(args.out, "w", encoding="utf-8") as file:
+        json.dump(results, file)
+
+
+if __name__ == "__main__":
+    main()
