@@ -446,31 +446,37 @@ struct Call {
     return host;
   }
 
-  c10::IValue argument_to_host(const c10::IValue& value) {
+  // `value` with every tensor in it (alone, in a tensor list or in a generic list) mapped.
+  template <typename Map>
+  static c10::IValue map_tensors(const c10::IValue& value, const Map& map) {
     if (value.isTensor()) {
-      return to_host(value.toTensor());
+      return map(value.toTensor());
     }
     if (value.isTensorList()) {
       std::vector<at::Tensor> out;
       for (const at::Tensor& tensor : value.toTensorVector()) {
-        out.push_back(to_host(tensor));
+        out.push_back(map(tensor));
       }
       return out;
     }
     if (value.isList()) {
       c10::impl::GenericList out(value.toList().elementType());
       for (const c10::IValue& element : value.toList()) {
-        out.push_back(argument_to_host(element));
+        out.push_back(map_tensors(element, map));
       }
       return out;
     }
+    return value;
+  }
+
+  c10::IValue argument_to_host(const c10::IValue& value) {
     if (value.isDevice() && value.toDevice().type() == kNpu) {
       if (index < 0) {
         index = value.toDevice().has_index() ? value.toDevice().index() : current_device();
       }
       return c10::Device(c10::DeviceType::CPU);
     }
-    return value;
+    return map_tensors(value, [this](const at::Tensor& tensor) { return to_host(tensor); });
   }
 
   at::Tensor to_device(const at::Tensor& result) {
@@ -490,24 +496,7 @@ struct Call {
   }
 
   c10::IValue result_to_device(const c10::IValue& value) {
-    if (value.isTensor()) {
-      return to_device(value.toTensor());
-    }
-    if (value.isTensorList()) {
-      std::vector<at::Tensor> out;
-      for (const at::Tensor& tensor : value.toTensorVector()) {
-        out.push_back(to_device(tensor));
-      }
-      return out;
-    }
-    if (value.isList()) {
-      c10::impl::GenericList out(value.toList().elementType());
-      for (const c10::IValue& element : value.toList()) {
-        out.push_back(result_to_device(element));
-      }
-      return out;
-    }
-    return value;
+    return map_tensors(value, [this](const at::Tensor& tensor) { return to_device(tensor); });
   }
 
   // A CPU kernel that resized an out= argument moved its alias to new memory: the npu
@@ -578,16 +567,21 @@ void host_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
 // ---------------------------------------------------------------- kernels of the device itself
 
-at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
-                               std::optional<c10::Layout> layout,
-                               std::optional<c10::Device> device, std::optional<bool> pin_memory,
-                               std::optional<c10::MemoryFormat> memory_format) {
-  const c10::Device where = c10::device_or_default(device);
+// The device a factory allocates on, after the checks every factory shares.
+c10::Device factory_device(std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                           std::optional<bool> pin_memory) {
   TORCH_CHECK(c10::layout_or_default(layout) == c10::Layout::Strided,
               "npu (host stand-in): only strided tensors");
   TORCH_CHECK(!c10::pinned_memory_or_default(pin_memory),
               "npu (host stand-in): pinned memory is host memory; pin a CPU tensor");
-  const c10::DeviceGuard guard(where);
+  return c10::device_or_default(device);
+}
+
+at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
+                               std::optional<c10::Layout> layout,
+                               std::optional<c10::Device> device, std::optional<bool> pin_memory,
+                               std::optional<c10::MemoryFormat> memory_format) {
+  const c10::DeviceGuard guard(factory_device(layout, device, pin_memory));
   return at::detail::empty_generic(size, &g_device_allocator,
                                    c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                    c10::dtype_or_default(dtype), memory_format);
@@ -596,12 +590,7 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarT
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
                          std::optional<c10::ScalarType> dtype, std::optional<c10::Layout> layout,
                          std::optional<c10::Device> device, std::optional<bool> pin_memory) {
-  const c10::Device where = c10::device_or_default(device);
-  TORCH_CHECK(c10::layout_or_default(layout) == c10::Layout::Strided,
-              "npu (host stand-in): only strided tensors");
-  TORCH_CHECK(!c10::pinned_memory_or_default(pin_memory),
-              "npu (host stand-in): pinned memory is host memory; pin a CPU tensor");
-  const c10::DeviceGuard guard(where);
+  const c10::DeviceGuard guard(factory_device(layout, device, pin_memory));
   return at::detail::empty_strided_generic(size, stride, &g_device_allocator,
                                            c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                            c10::dtype_or_default(dtype));
