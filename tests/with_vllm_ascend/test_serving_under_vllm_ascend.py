@@ -10,8 +10,9 @@ the stand-in's host-backed `npu` device (`VLLM_NPU_EXT_EMULATE=1 vllm-npu-ext se
 - `benchmarks/_vllm_ascend_engine.py` (one in-process engine per run, as a worker process
   does; count_ops.py's `--vllm-ascend` runs it too): the worker, runner and device, the KV
   cache as vllm-ascend's runner allocated it, the operators of a decoder layer (count_ops.py's
-  entries); and stock vllm-ascend (our model plugin left out of VLLM_PLUGINS) under the same
-  stand-in, which stops at its first Triton kernel.
+  entries); stock vllm-ascend (our model plugin left out of VLLM_PLUGINS) under the same
+  stand-in, which stops at its first Triton kernel; and our model in default graph mode, which
+  stops where vllm-ascend's compiler imports its graph compiler.
 """
 
 from __future__ import annotations
@@ -38,6 +39,11 @@ ENGINE_SCRIPT = TESTS.parent / "benchmarks" / "_vllm_ascend_engine.py"
 # (worker/block_table.py:165) for every KV-cached model; without a Triton backend it is a plain
 # function.
 STOCK_OBSTACLE = "'function' object is not subscriptable"
+# Default graph mode: vLLM's compile backend configures vllm-ascend's fusion passes
+# (compilation/graph_fusion_pass_manager.py:55), whose base class imports Huawei's graph
+# compiler, npugraph_ex or else torchair, for `register_replacement`
+# (compilation/passes/base_pattern.py:9-12, :55); neither exists off Ascend, nor in the stand-in.
+GRAPH_OBSTACLE = "No module named 'torchair'"
 
 
 class Started:
@@ -56,7 +62,9 @@ class Started:
             reranker = [str(self.reranker_dir), "--reranker", "--enforce-eager", "--dtype",
                         "float32", "--max-model-len", "512"]  # fmt: skip
             self.servers["reranker"] = Server(reranker, root / "reranker.log", subprocess_env())
-            for name, flags in (("plugin", ()), ("stock", ("--stock",))):
+            runs = (("plugin", ()), ("stock", ("--stock",)),
+                    ("graph", ("--engine-args", json.dumps({"enforce_eager": False}))))
+            for name, flags in runs:
                 out, log = root / f"{name}.json", root / f"{name}.log"
                 self.engines[name] = (out, log, start_engine(tiny_model_dir, out, log, *flags))
         except BaseException:
@@ -211,3 +219,14 @@ def test_stock_vllm_ascend_stops_at_its_first_triton_kernel(started):
     assert "vllm-npu-ext built" not in output  # vLLM's own Qwen3, with vllm-ascend's ops
     entry = engine_module().entry(returncode, None, output)
     assert STOCK_OBSTACLE in entry["blocked"]
+
+
+def test_default_graph_mode_stops_at_vllm_ascends_graph_compiler_import(started):
+    """Without --enforce-eager (PIECEWISE for pooling) the engine loads and starts compiling our
+    model (torch_npu.__version__ goes into vllm-ascend's compile hash), then vllm-ascend's
+    fusion passes need npugraph_ex/torchair, before any ACL graph is captured."""
+    returncode, output, _ = started.engine("graph")
+    assert returncode != 0
+    assert GRAPH_OBSTACLE in output and "base_pattern.py" in output
+    assert "capture_model" in output  # NPUModelRunner.capture_model compiles first
+    assert "cudagraph_mode': <CUDAGraphMode.PIECEWISE" in output

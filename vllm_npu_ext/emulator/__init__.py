@@ -50,6 +50,10 @@ from .norm import npu_add_rms_norm, npu_rms_norm
 from .pointwise import npu_rotary_mul, npu_swiglu
 
 __vllm_npu_ext_emulator__ = True
+# The torch-npu wheel whose operator schemas and documentation the stand-in follows
+# (vllm-ascend's compiler hashes `torch_npu.__version__` into its compile cache key,
+# compilation/compiler_interface.py:244).
+__version__ = "2.10.0.post4"
 
 __all__ = [
     "OPERATORS", "_npu_matmul_add_fp32", "_npu_rotary_embedding", "calls", "corrupted",
