@@ -86,7 +86,9 @@ IN_PLACE = {
     "index_put_": lambda t: t.index_put_(
         (torch.tensor([0, 3], device=t.device), torch.tensor([5, 1], device=t.device)),
         torch.tensor([7.0, 8.0], device=t.device)),
-    "overlapping copy_": lambda t: t[1:].copy_(t[:-1].clone()),
+    "copy_ from a clone": lambda t: t[1:].copy_(t[:-1].clone()),
+    "copy_ from an overlapping view": lambda t: t[:, :3].copy_(t[:, 1:4]),
+    "add_ of its own transpose": lambda t: t[:, :4].add_(t[:, :4].t()[:, :4].t()),
     "clamp_": lambda t: t.clamp_(3, 17),
     "zero_ on a column": lambda t: t[:, 4].zero_(),
     "out= resized": lambda t: torch.add(t, 1, out=torch.empty(0, device=t.device)),

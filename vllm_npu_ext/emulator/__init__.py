@@ -22,11 +22,14 @@ NotImplementedError.
     torch_npu_emulator.calls["npu_rms_norm"] # kernel calls per operator (compiled graphs too)
 
 `install_stand_in()` adds the rest of the torch_npu surface vllm-ascend 0.23 imports and reads
-(`surface`, `device`: `torch.npu` on the host, `torch_npu._C`, the `hccl` backend as gloo), for
+(`surface`; `host_npu`: the `npu` device, host memory behind torch's PrivateUse1 backend;
+`device`: `torch.npu` over it; `collectives`: the `hccl` backend, gloo for host and npu
+tensors; `atb`: the ATB operators its worker calls; `torch_npu._C`, CANN's `acl` names), for
 the life of the process: what `VLLM_NPU_EXT_EMULATE=1` processes and `tests/with_vllm_ascend` use.
 Names it does not implement raise AttributeError naming them (`_strict`), never a mock.
 
-Tensors must live on the CPU, which stands in for the NPU. While installed, the emulated
+Operator tensors live on the CPU, which stands in for the NPU, or on the stand-in's `npu`
+device (one device per call). While installed, the emulated
 platform also keeps each linear layer's weight as the NPU platform does (`platform`), and
 `cann_ops` can stand in for our own CANN operator.
 """

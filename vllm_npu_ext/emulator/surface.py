@@ -5,7 +5,8 @@
 (`host_npu`: a C++ backend whose memory is host memory, so `torch.empty(..., device="npu")`,
 copies, views and every aten operator work on `npu` tensors), the `torch.npu` device module
 is registered (`device.py`, also `torch_npu.npu`), `torch_npu._C` and
-`torch_npu._C._distributed_c10d` exist with the names vllm-ascend reads, and the `hccl`
+`torch_npu._C._distributed_c10d` exist with the names vllm-ascend reads (and CANN's `acl.rt`,
+which its sleep-mode allocator imports), and the `hccl`
 process-group backend exists (`collectives.py`: gloo, for host and npu tensors), so vLLM's
 and vllm-ascend's HCCL groups run between host processes. Operators registered only for the
 NPU's dispatch key (vLLM registers its own for the platform's key) also run on CPU tensors,

@@ -375,11 +375,14 @@ at::Tensor with_layout(at::Tensor tensor, const at::Tensor& like) {
 }
 
 // The CPU tensor over an npu tensor's memory (same sizes, strides, offset).
-at::Tensor host_alias(const at::Tensor& tensor) {
+at::Tensor host_alias(const at::Tensor& tensor, c10::Storage storage) {
   auto alias = at::detail::make_tensor<c10::TensorImpl>(
-      host_storage(tensor.storage()), c10::DispatchKeySet(c10::DispatchKey::CPU),
-      tensor.dtype());
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU), tensor.dtype());
   return with_layout(std::move(alias), tensor);
+}
+
+at::Tensor host_alias(const at::Tensor& tensor) {
+  return host_alias(tensor, host_storage(tensor.storage()));
 }
 
 // An npu storage owning a CPU kernel's result memory (no copy).
@@ -407,6 +410,8 @@ struct Call {
   std::vector<std::pair<at::Tensor, at::Tensor>> tensors;
   // npu storages by address: a CPU result over one of these addresses is a view of it.
   std::unordered_map<const void*, c10::Storage> storages;
+  // the host storage standing for each npu storage met
+  std::unordered_map<const c10::StorageImpl*, c10::Storage> host_storages;
   // npu generators and the CPU twins the CPU kernel draws from.
   std::vector<std::pair<at::Generator, at::Generator>> generators;
 
@@ -438,7 +443,15 @@ struct Call {
     if (index < 0) {
       index = tensor.device().index();
     }
-    at::Tensor host = host_alias(tensor);
+    // Arguments sharing an npu storage share one host storage, so the CPU kernel's overlap
+    // checks see what they would see on the device.
+    auto shared = host_storages.find(tensor.storage().unsafeGetStorageImpl());
+    if (shared == host_storages.end()) {
+      shared = host_storages
+                   .emplace(tensor.storage().unsafeGetStorageImpl(), host_storage(tensor.storage()))
+                   .first;
+    }
+    at::Tensor host = host_alias(tensor, shared->second);
     tensors.emplace_back(tensor, host);
     if (tensor.storage().data() != nullptr) {
       storages.emplace(tensor.storage().data(), tensor.storage());
