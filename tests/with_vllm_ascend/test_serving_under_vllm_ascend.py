@@ -47,7 +47,7 @@ GRAPH_OBSTACLE = "No module named 'torchair'"
 
 
 class Started:
-    """Both servers and both engine runs, started together (their start-ups overlap on the 2
+    """Both servers and the three engine runs, started together (start-ups overlap on the 2
     cores: vLLM's start-up is mostly single-threaded Python), always stopped."""
 
     def __init__(self, tiny_model_dir, root):
