@@ -41,14 +41,15 @@ def hooked(monkeypatch):
 
     for name in ("VLLM_NPU_EXT_GENERATION", "VLLM_NPU_EXT_KV_CACHE_FREE"):
         monkeypatch.delenv(name, raising=False)
-    saved = MODELS_CONFIG_MAP.get(qwen3_config.ARCHITECTURE)
+    saved = {name: MODELS_CONFIG_MAP.get(name) for name in qwen3_config.HOOKS}
     vllm_model_registry.install(vllm_npu_ext.model_registrations())
     qwen3_config.install()
     yield
     vllm_model_registry.uninstall()
-    MODELS_CONFIG_MAP.pop(qwen3_config.ARCHITECTURE)
-    if saved is not None:
-        MODELS_CONFIG_MAP[qwen3_config.ARCHITECTURE] = saved
+    for name, entry in saved.items():
+        MODELS_CONFIG_MAP.pop(name)
+        if entry is not None:
+            MODELS_CONFIG_MAP[name] = entry
 
 
 @pytest.fixture
@@ -100,6 +101,27 @@ def test_config_hook_leaves_generation_runs_alone(hooked, tiny_model_dir, hook_l
     ]
     qwen3_config.Qwen3GraphModeHook.verify_and_update_config(config)
     assert config.compilation_config.cudagraph_mode.name == "FULL"
+
+
+def test_reranker_runs_get_the_hook_too(hooked, tmp_path):
+    """`--reranker` serves Qwen3ForSequenceClassification (vLLM's adapter over our class): its
+    graphs must split at our attention op as the embedding runs' do, and vLLM's own config
+    entry for that architecture (the reranker's head conversion) still runs."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.models.config import Qwen3ForSequenceClassificationConfig
+
+    from vllm_npu_ext import reranker
+    from vllm_npu_ext.tiny_model import make_tiny_model
+
+    model_dir = make_tiny_model(tmp_path / "reranker", preset="reranker")
+    config = EngineArgs(
+        model=str(model_dir), runner="pooling", max_model_len=128,
+        hf_overrides=dict(reranker.HF_OVERRIDES), compilation_config=dict(FORCED),
+    ).create_engine_config()  # fmt: skip
+    assert config.model_config.architecture == qwen3_config.RERANKER_ARCHITECTURE
+    assert config.compilation_config.splitting_ops == [*FORCED["splitting_ops"], SPLIT]
+    assert qwen3_config.Qwen3RerankerGraphModeHook.previous is Qwen3ForSequenceClassificationConfig
+    assert config.model_config.hf_config.num_labels == 1  # vLLM's conversion: one logit
 
 
 def test_default_splitting_ops_include_the_attention_op(hooked, tiny_model_dir):

@@ -37,6 +37,8 @@ from vllm_npu_ext.patches import vllm_model_registry
 logger = get_logger(__name__)
 
 ARCHITECTURE = "Qwen3ForCausalLM"  # the checkpoint name vLLM keys MODELS_CONFIG_MAP with
+# Qwen3-Reranker's (`--reranker`, and Qwen3 seq-cls checkpoints): our class under vLLM's adapter.
+RERANKER_ARCHITECTURE = "Qwen3ForSequenceClassification"
 CACHE_FREE_SWITCH = envs.KV_CACHE_FREE_SWITCH
 
 
@@ -128,7 +130,21 @@ def check_graph_mode(vllm_config: Any, compiled: bool) -> None:
         )
 
 
+class Qwen3RerankerGraphModeHook(Qwen3GraphModeHook):
+    """`MODELS_CONFIG_MAP[RERANKER_ARCHITECTURE]`, in front of vLLM's own entry there
+    (`Qwen3ForSequenceClassificationConfig`, which converts the reranker's head). Without it a
+    reranker served in graph mode on the NPU path split its graphs without our attention op,
+    and `check_graph_mode` refused to start: found serving `--reranker` without
+    `--enforce-eager` under vllm-ascend (tests/with_vllm_ascend)."""
+
+    previous: ClassVar[Any] = None
+
+
+HOOKS = {ARCHITECTURE: Qwen3GraphModeHook, RERANKER_ARCHITECTURE: Qwen3RerankerGraphModeHook}
+
+
 def install() -> str:
-    """Register the hook (idempotent); returns a line for register()'s log."""
-    Qwen3GraphModeHook.previous = compat.install_config_hook(ARCHITECTURE, Qwen3GraphModeHook)
-    return f"graph-mode hook for {ARCHITECTURE} pooling runs"
+    """Register the hooks (idempotent); returns a line for register()'s log."""
+    for architecture, hook in HOOKS.items():
+        hook.previous = compat.install_config_hook(architecture, hook)
+    return f"graph-mode hook for {' and '.join(HOOKS)} pooling runs"
