@@ -5,8 +5,8 @@ current device index and count), and host kernels run synchronously, so streams 
 keep their ordering semantics trivially (work submitted to any stream has completed when the
 call returns; `query()` is True). What is here is what vllm-ascend 0.23's code reads on the
 paths the tests run; everything else raises AttributeError naming it (`_strict`). Graph
-capture (`NPUGraph`, `graph`, `ExternalEvent`) exists as names for annotations and raises
-NotImplementedError when used.
+capture and replay (`NPUGraph`, `graph`, `graph_pool_handle`) are `graphs`'; `ExternalEvent`
+exists as a name for annotations and raises NotImplementedError when used.
 
 Memory figures are the device allocator's (`host_npu`'s ledger of live npu allocations and their
 peak); the device's total is the host's MemTotal, so `mem_get_info()` is (MemTotal - npu bytes in
@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from . import host_npu
+from . import graphs, host_npu
 from ._strict import not_emulated, strict_module
 
 NAME = "torch.npu"
@@ -183,10 +183,6 @@ def memory_stats(device: Any = None) -> dict[str, int]:
     return stats
 
 
-def is_current_stream_capturing() -> bool:
-    return False
-
-
 class Stream:
     """A stream of the host device: work is done when submitted, so every wait is satisfied."""
 
@@ -305,12 +301,7 @@ class _Config:
 
 
 config = _Config()
-NPUGraph = not_emulated(f"{NAME}.NPUGraph")
 ExternalEvent = not_emulated(f"{NAME}.ExternalEvent")
-
-
-def graph(*args: Any, **kwargs: Any):
-    raise NotImplementedError(f"{NAME}.graph (capture) is not emulated by the torch_npu stand-in")
 
 
 def _use_mem_pool(*args: Any, **kwargs: Any):
@@ -337,9 +328,11 @@ def build() -> Any:
         "get_soc_version", "get_device_name", "get_device_properties",
         "synchronize", "empty_cache", "mem_get_info", "memory_allocated",
         "max_memory_allocated", "memory_reserved", "max_memory_reserved",
-        "reset_peak_memory_stats", "memory_stats", "is_current_stream_capturing", "Stream",
+        "reset_peak_memory_stats", "memory_stats", "Stream",
         "Event", "ExternalEvent", "default_stream", "current_stream", "set_stream", "stream",
-        "NPUGraph", "graph", "config",
+        "config",
     ]  # fmt: skip
-    return strict_module(NAME, __doc__, memory=_memory_module(),
+    capture = {name: getattr(graphs, name) for name in (
+        "NPUGraph", "graph", "graph_pool_handle", "is_current_stream_capturing")}  # fmt: skip
+    return strict_module(NAME, __doc__, memory=_memory_module(), **capture,
                          **{name: globals()[name] for name in names})  # fmt: skip

@@ -24,7 +24,7 @@ from types import ModuleType
 
 import torch
 
-from . import collectives, device
+from . import collectives, device, graphs, npugraph_ex
 from ._strict import not_emulated, strict_module
 
 _installed: list[ModuleType] = []
@@ -62,6 +62,7 @@ def _c_modules() -> tuple[ModuleType, ModuleType]:
         "torch_npu's C bindings: only names read by vllm-ascend's code on the tested paths.",
         _distributed_c10d=c10d,
         _NPUTaskGroupHandle=not_emulated("torch_npu._C._NPUTaskGroupHandle"),
+        _weak_ref_tensor=graphs.weak_ref_tensor,
     )
     return c, c10d
 
@@ -156,6 +157,8 @@ def install(torch_npu: ModuleType) -> ModuleType:
     sys.modules.update(submodules)
     for name, module in _acl_modules().items():
         sys.modules.setdefault(name, module)  # a real pyACL, where there is one, stays
+    for name, module in npugraph_ex.modules().items():
+        sys.modules.setdefault(name, module)  # what `import torch_npu` registers
     fallback = torch.library.Library("_", "IMPL")
     fallback.fallback(_npu_kernel_on_host, "CPU", with_keyset=True)
     _libraries.append(fallback)

@@ -1,0 +1,157 @@
+"""NPU graph capture and replay on the host-backed device (vllm_npu_ext/emulator/graphs.py).
+
+A replay runs the captured device work again on the captured memory with the captured host
+parameters: new inputs copied into the captured buffers give new results in the captured
+outputs, while a tensor passed at a new address, or a host value baked in at capture, gives
+the stale answer a device replay gives.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torch_npu
+
+from vllm_npu_ext.emulator import graphs
+
+
+def capture(fn, *args, pool=None):
+    graph = torch.npu.NPUGraph()
+    with torch.npu.graph(graph, pool=pool):
+        out = fn(*args)
+    return graph, out
+
+
+def test_replay_recomputes_into_the_captured_output_from_the_captured_inputs():
+    x = torch.randn(4, 8, device="npu")
+    weight = torch.randn(8, device="npu")
+
+    def piece(x):
+        y = torch.ops.npu.npu_rms_norm(x, weight, 1e-6)[0]
+        return torch.nn.functional.silu(y) * 2 + x
+
+    expected_first = piece(x.clone())
+    graph, out = capture(piece, x)
+    torch.testing.assert_close(out, expected_first)
+    new = torch.randn(4, 8)
+    x.copy_(new)  # the runner copies inputs into the captured buffer
+    graph.replay()
+    torch.testing.assert_close(out.cpu(), piece(new.to("npu")).cpu())
+    assert graph.replays == 1
+    assert "npu.npu_rms_norm.default" in graph.operators  # one entry: one kernel launch
+
+
+def test_replay_writes_in_place_and_out_arguments_again():
+    buffer = torch.zeros(6, device="npu")
+    source = torch.arange(6.0, device="npu")
+    graph, _ = capture(lambda: buffer.add_(source))
+    assert buffer.tolist() == source.tolist()
+    graph.replay()
+    graph.replay()
+    assert buffer.tolist() == (3 * source).tolist()
+
+
+def test_an_input_at_a_new_address_is_not_seen_by_the_replay():
+    x = torch.ones(3, device="npu")
+    graph, out = capture(lambda t: t * 10, x)
+    x = torch.full((3,), 5.0, device="npu")  # new memory, not copied into the captured buffer
+    graph.replay()
+    assert out.tolist() == [10.0, 10.0, 10.0]  # stale: the captured buffer's values
+    graph.replay()
+    captured = graph._entries[0].args[0]
+    captured.fill_(2.0)
+    graph.replay()
+    assert out.tolist() == [20.0, 20.0, 20.0]
+
+
+def test_host_parameters_are_baked_in_at_capture():
+    """Sequence boundaries a piece reads on the host at capture stay those of the capture."""
+    x = torch.arange(8.0, device="npu")
+    boundaries = [0, 3, 8]
+
+    def piece(x):
+        return torch.stack([x[a:b].sum() for a, b in itertools.pairwise(boundaries)])
+
+    graph, out = capture(piece, x)
+    boundaries[1] = 5  # the host's list changes; the graph holds slices 0:3 and 3:8
+    graph.replay()
+    assert out.tolist() == [3.0, 25.0]
+
+
+def test_host_reads_of_device_memory_fail_during_capture():
+    x = torch.ones(2, device="npu")
+    for read in (lambda: x.sum().item(), lambda: x.cpu(), lambda: x.tolist()):
+        graph = torch.npu.NPUGraph()
+        with pytest.raises(RuntimeError, match="NPU graph is being captured"), \
+                torch.npu.graph(graph):  # fmt: skip
+            read()
+        assert not torch.npu.is_current_stream_capturing()
+
+
+def test_capture_state_pool_and_reset():
+    assert not torch.npu.is_current_stream_capturing()
+    graph = torch.npu.NPUGraph()
+    seen = []
+    with torch.npu.graph(graph, pool=torch.npu.graph_pool_handle()):
+        seen.append(torch.npu.is_current_stream_capturing())
+        seen.append(torch.npu.current_stream() is not torch.npu.default_stream())
+        torch.ones(2, device="npu").mul_(2)
+    assert seen == [True, True]
+    other, _ = capture(lambda: torch.ones(1, device="npu") + 1, pool=graph.pool())
+    assert other.pool() == graph.pool()
+    with pytest.raises(RuntimeError, match="holds a capture already"):
+        graph.capture_begin()
+    graph.reset()
+    with pytest.raises(RuntimeError, match="holds no capture"):
+        graph.replay()
+    with pytest.raises(ValueError, match="capture_error_mode"):
+        torch.npu.NPUGraph().capture_begin(capture_error_mode="loose")
+    with pytest.raises(NotImplementedError, match="auto_dispatch_capture"):
+        torch.npu.graph(torch.npu.NPUGraph(), auto_dispatch_capture=True)
+
+
+def test_cpu_work_runs_at_capture_only():
+    host = torch.zeros(2)
+    device = torch.zeros(2, device="npu")
+
+    def piece():
+        host.add_(1)
+        device.add_(1)
+
+    graph, _ = capture(piece)
+    graph.replay()
+    assert host.tolist() == [1.0, 1.0] and device.tolist() == [2.0, 2.0]
+
+
+def test_weak_ref_tensor_shares_the_memory():
+    x = torch.randn(3, 4, device="npu")
+    ref = torch_npu._C._weak_ref_tensor(x)
+    assert ref.data_ptr() == x.data_ptr() and ref.shape == x.shape and ref.device == x.device
+    x.fill_(7.0)
+    assert ref.cpu().eq(7.0).all()
+    with pytest.raises(TypeError, match="expects a Tensor"):
+        torch_npu._C._weak_ref_tensor([x])
+
+
+def test_npugraph_ex_registration_as_torch_npu_leaves_it():
+    import npugraph_ex
+    import torchair
+
+    def search(x):
+        return torch.relu(x) * 1.0
+
+    def replace(x):
+        return torch.relu(x)
+
+    npugraph_ex.register_replacement(search_fn=search, replace_fn=replace,
+                                     example_inputs=[torch.randn(4, device="npu")])  # fmt: skip
+    from vllm_npu_ext.emulator import npugraph_ex as stand_in
+
+    assert len(stand_in.pattern_pass().patterns) >= 1
+    with pytest.raises(AttributeError, match="npugraph_ex.CompilerConfig is not implemented"):
+        npugraph_ex.CompilerConfig  # noqa: B018
+    with pytest.raises(AttributeError, match="torchair.get_npu_backend is not implemented"):
+        torchair.get_npu_backend  # noqa: B018
+    assert graphs.is_current_stream_capturing() is False

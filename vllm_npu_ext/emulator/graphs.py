@@ -1,0 +1,240 @@
+"""NPU graph capture and replay on the host-backed `npu` device: `torch.npu.NPUGraph`, `graph`,
+`graph_pool_handle`, `is_current_stream_capturing`, and `torch_npu._C._weak_ref_tensor`.
+
+The contract is torch-npu 2.10.0.post4's (`torch_npu/npu/graphs.py`): `graph(npu_graph, pool,
+stream, auto_dispatch_capture, capture_error_mode)` synchronises, makes its capture stream (its
+own side stream unless one is given) current, and brackets the block with
+`capture_begin(pool)` / `capture_end()`; `replay()` runs the captured work again;
+`pool()` is an opaque token another capture may share.
+
+What a capture records here is what an ACL graph records on the device: the device work, with
+the addresses and the host-side parameters it had at capture time. Every operator dispatched
+with an `npu` tensor among its arguments or results is recorded with those very tensors (a
+TorchDispatchMode; a torch_npu operator is one entry, as it is one kernel launch).
+`replay()` runs the recorded entries again, in order, on the same tensors: an operator that
+writes its arguments (in place, out=) writes them again; a new result is written into the
+tensor the capture returned (the graph's memory). So inputs must be copied into the captured
+buffers before a replay, and any host value an operator took at capture (a Python int, a host
+list of sequence lengths, a CPU tensor it read) is replayed unchanged: a stale address or a
+stale captured parameter gives the wrong answer it gives on the device. Work on CPU tensors
+only runs at capture time and is not replayed (the host is not in the graph).
+
+As on the device, the host may not read device memory while a capture is under way: a
+device-to-host copy or `.item()` of an `npu` tensor during capture raises RuntimeError (an
+aclmdlRI capture error on the device). Captured tensors are kept alive by the graph until
+`reset()` (the device keeps them in the graph's private pool); pools are not shared between
+graphs here, so an aliasing bug that pool sharing could cause on the device is not modelled.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._pytree import tree_flatten
+
+_pool_ids = itertools.count(1)
+# Process-wide figures: graphs captured, operators they recorded, replays.
+stats: collections.Counter[str] = collections.Counter()
+captured_operators: collections.Counter[str] = collections.Counter()  # by name, all captures
+_capturing: list[NPUGraph] = []  # the graph under capture (one at a time, as on the device)
+# Operators whose result is memory, not the result of a kernel: nothing to replay.
+_ALLOCATIONS = frozenset({"aten::empty.memory_format", "aten::empty_strided", "aten::empty_like"})
+# Operators that make the host wait for device values.
+_HOST_READS = frozenset({"aten::_local_scalar_dense", "aten::item", "aten::nonzero"})
+
+
+def _is_npu(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.device.type == "npu"
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    return [leaf for leaf in tree_flatten(value)[0] if isinstance(leaf, torch.Tensor)]
+
+
+class _Entry:
+    """One recorded operator call: its arguments and the results the capture produced."""
+
+    __slots__ = ("func", "args", "kwargs", "written")
+
+    def __init__(self, func, args, kwargs, out) -> None:
+        self.func, self.args, self.kwargs = func, args, kwargs
+        returns = func._schema.returns
+        results = out if isinstance(out, (tuple, list)) and len(returns) > 1 else (out,)
+        # New results (no alias annotation in the schema) are rewritten by each replay; views
+        # and in-place/out= results are the arguments themselves.
+        self.written: list[tuple[int, Any]] = [
+            (index, result)
+            for index, (result, spec) in enumerate(zip(results, returns, strict=False))
+            if spec.alias_info is None and _tensors(result)
+        ]
+
+    def replay(self) -> None:
+        out = self.func(*self.args, **self.kwargs)
+        if not self.written:
+            return
+        results = out if isinstance(out, (tuple, list)) and len(self.func._schema.returns) > 1 \
+            else (out,)  # fmt: skip
+        for index, recorded in self.written:
+            for target, fresh in zip(_tensors(recorded), _tensors(results[index]), strict=True):
+                target.copy_(fresh)
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self, graph: NPUGraph) -> None:
+        super().__init__()
+        self.graph = graph
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func._schema.name + (f".{func._overloadname}" if func._overloadname != "default"
+                                    else "")  # fmt: skip
+        inputs = [t for t in _tensors((args, kwargs)) if _is_npu(t)]
+        if inputs and func._schema.name in _HOST_READS:
+            raise RuntimeError(
+                f"{name} reads an npu tensor on the host while an NPU graph is being captured "
+                "(the device forbids synchronising with a capturing stream)"
+            )
+        out = func(*args, **kwargs)
+        results = _tensors(out)
+        if inputs and any(t.device.type == "cpu" for t in results + _tensors(args[:1])) and \
+                func._schema.name in ("aten::_to_copy", "aten::copy_", "aten::to"):  # fmt: skip
+            raise RuntimeError(
+                f"{name} copies an npu tensor to the host while an NPU graph is being captured "
+                "(the device forbids synchronising with a capturing stream)"
+            )
+        if (inputs or any(_is_npu(t) for t in results)) and name not in _ALLOCATIONS:
+            self.graph._entries.append(_Entry(func, args, kwargs, out))
+        return out
+
+
+class NPUGraph:
+    """`torch.npu.NPUGraph` (torch_npu/npu/graphs.py:591): capture, replay, reset, pool."""
+
+    def __init__(self) -> None:
+        self._entries: list[_Entry] = []
+        self._recorder: _Recorder | None = None
+        self._pool: Any = None
+        self._captured = False
+        self.auto_dispatch_capture = False
+        self.replays = 0
+
+    def capture_begin(self, pool: Any = None, capture_error_mode: str = "global") -> None:
+        if capture_error_mode not in ("global", "thread_local", "relaxed"):
+            raise ValueError(
+                f"capture_error_mode must be 'global', 'thread_local' or 'relaxed', got "
+                f"{capture_error_mode!r}"
+            )
+        if _capturing:
+            raise RuntimeError("an NPU graph capture is already under way in this process")
+        if self._captured:
+            raise RuntimeError("this NPUGraph holds a capture already: reset() it first")
+        self._pool = pool if pool is not None else ("npu_graph_pool", next(_pool_ids))
+        self._recorder = _Recorder(self)
+        _capturing.append(self)
+        self._recorder.__enter__()
+
+    def capture_end(self) -> None:
+        if not _capturing or _capturing[-1] is not self or self._recorder is None:
+            raise RuntimeError("capture_end() without capture_begin() on this NPUGraph")
+        self._recorder.__exit__(None, None, None)
+        self._recorder = None
+        _capturing.pop()
+        self._captured = True
+        stats["captures"] += 1
+        stats["captured_operators"] += len(self._entries)
+        captured_operators.update(self.operators)
+
+    def replay(self) -> None:
+        """One launch of the whole graph: the host's dispatch modes (operator counters) see
+        no operator of it, as the host sees one graph launch on the device."""
+        if not self._captured:
+            raise RuntimeError("replay() of an NPUGraph that holds no capture")
+        with _disable_current_modes():
+            for entry in self._entries:
+                entry.replay()
+        self.replays += 1
+        stats["replays"] += 1
+
+    def reset(self) -> None:
+        if self._recorder is not None:
+            raise RuntimeError("reset() during capture")
+        self._entries, self._captured = [], False
+
+    def pool(self) -> Any:
+        if self._pool is None:
+            raise RuntimeError("pool() of an NPUGraph that was never captured")
+        return self._pool
+
+    @property
+    def operators(self) -> list[str]:
+        """The recorded operators, in replay order (for tests and counts)."""
+        return [str(entry.func) for entry in self._entries]
+
+    def update(self, cpu_update_input: Any) -> None:
+        raise NotImplementedError(
+            "torch.npu.NPUGraph.update (auto_dispatch_capture's per-operator parameter "
+            "update) is not emulated by the torch_npu stand-in"
+        )
+
+
+class graph:  # noqa: N801 - torch.npu.graph is a class
+    """`torch.npu.graph` (torch_npu/npu/graphs.py:807): captures the block into `npu_graph`."""
+
+    default_capture_stream: Any = None
+
+    def __init__(
+        self,
+        npu_graph: NPUGraph,
+        pool: Any = None,
+        stream: Any = None,
+        auto_dispatch_capture: bool = False,
+        capture_error_mode: str = "global",
+    ) -> None:
+        if not isinstance(npu_graph, NPUGraph):
+            raise TypeError(f"torch.npu.graph: npu_graph must be an NPUGraph, got "
+                            f"{type(npu_graph).__name__}")  # fmt: skip
+        if auto_dispatch_capture:
+            raise NotImplementedError(
+                "torch.npu.graph(auto_dispatch_capture=True) is not emulated by the torch_npu "
+                "stand-in"
+            )
+        device = torch.npu
+        if type(self).default_capture_stream is None:
+            type(self).default_capture_stream = device.Stream()
+        self.pool = () if pool is None else (pool,)
+        self.capture_stream = stream if stream is not None else type(self).default_capture_stream
+        self.stream_ctx = device.stream(self.capture_stream)
+        self.npu_graph = npu_graph
+        self.capture_error_mode = capture_error_mode
+
+    def __enter__(self) -> None:
+        torch.npu.synchronize()
+        torch.npu.empty_cache()
+        self.stream_ctx.__enter__()
+        self.npu_graph.capture_begin(*self.pool, capture_error_mode=self.capture_error_mode)
+
+    def __exit__(self, exc_type, exc_value, traceback) -> None:
+        self.npu_graph.capture_end()
+        self.stream_ctx.__exit__(exc_type, exc_value, traceback)
+
+
+def graph_pool_handle() -> Any:
+    """An opaque token naming a graph memory pool."""
+    return ("npu_graph_pool", next(_pool_ids))
+
+
+def is_current_stream_capturing() -> bool:
+    return bool(_capturing)
+
+
+def weak_ref_tensor(tensor: Any) -> Any:
+    """`torch_npu._C._weak_ref_tensor`: a tensor of the same memory, shape and strides. On the
+    device it does not own the memory; here it is an alias, which keeps the memory alive (the
+    graph keeps its captured tensors alive anyway)."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"_weak_ref_tensor expects a Tensor, got {type(tensor).__name__}")
+    return torch.ops.aten.alias(tensor)
