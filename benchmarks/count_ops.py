@@ -34,7 +34,10 @@ for stock vllm-ascend (our model plugin left out of VLLM_PLUGINS) on vllm-ascend
 NPUModelRunner under the torch_npu stand-in (`_vllm_ascend_engine.py`), eager, and the device
 operators of the first decoder layer's forward for one text, counted by the same counter:
 `vllm_ascend` and `stock_vllm_ascend` in the JSON (an entry that could not run says where it
-stopped).
+stopped). `vllm_ascend_graph`: our model in default graph mode (piecewise ACL graphs captured
+and replayed by vllm-ascend's ACLGraphWrapper on the stand-in's NPUGraph): per decoder layer,
+the device operators the host ran between graph replays and those recorded in the graphs (of
+one capture size).
 """
 
 from __future__ import annotations
@@ -217,14 +220,16 @@ def count_under_vllm_ascend(site: str, model_dir: str) -> dict:
     """Our model and stock vllm-ascend's, each in its own engine process (see the docstring)."""
     import subprocess
 
-    from _vllm_ascend_engine import entry
-
     script = Path(__file__).resolve().parent / "_vllm_ascend_engine.py"
-    env = {**os.environ, "VLLM_NPU_EXT_EMULATE": "1",
+    from _vllm_ascend_engine import TORCH_2_11_ENV, entry
+
+    env = {**TORCH_2_11_ENV, **os.environ, "VLLM_NPU_EXT_EMULATE": "1",
            "PYTHONPATH": os.pathsep.join([site, os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    graph = ["--engine-args", json.dumps({"enforce_eager": False})]
     entries = {}
     with tempfile.TemporaryDirectory(prefix="count_ops_") as scratch:
-        for name, flags in (("vllm_ascend", []), ("stock_vllm_ascend", ["--stock"])):
+        for name, flags in (("vllm_ascend", []), ("stock_vllm_ascend", ["--stock"]),
+                            ("vllm_ascend_graph", graph)):  # fmt: skip
             out = Path(scratch, f"{name}.json")
             completed = subprocess.run(
                 [sys.executable, str(script), "--model", model_dir, "--out", str(out),
@@ -255,7 +260,12 @@ def main() -> int:
         entries = count_under_vllm_ascend(str(Path(args.vllm_ascend).resolve()), model_dir)
         print("| under vllm-ascend | ops per decoder layer |\n|---|---|")
         for name, entry in entries.items():
-            print(f"| {name} | {entry.get('per_layer', 'blocked: ' + entry.get('blocked', ''))} |")
+            if "eager_between_replays_per_layer" in entry:
+                figure = (f"{entry['eager_between_replays_per_layer']} eager between replays, "
+                          f"{entry['captured_per_layer']} in graphs")  # fmt: skip
+            else:
+                figure = entry.get("per_layer", "blocked: " + entry.get("blocked", ""))
+            print(f"| {name} | {figure} |")
         print(json.dumps(entries))
         return 0
     emulator.install()

@@ -21,10 +21,12 @@ def vllm_ascend_site() -> Path:
 def subprocess_env(site: Path | None = None, **extra: str) -> dict[str, str]:
     """This process's environment for a child Python that imports vllm-ascend from `site`
     (default: where this process imports it; first on PYTHONPATH) and the tests' support
-    modules, under the stand-in (VLLM_NPU_EXT_EMULATE=1)."""
+    modules, under the stand-in (VLLM_NPU_EXT_EMULATE=1), compiling as vLLM 0.23 does on
+    torch 2.10 (`TORCH_2_11_ENV` in benchmarks/_vllm_ascend_engine.py says why)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(site or vllm_ascend_site()), str(TESTS)])
     env["VLLM_NPU_EXT_EMULATE"] = "1"
+    env.setdefault("VLLM_USE_AOT_COMPILE", "0")
     env.update(extra)
     return env
 

@@ -5,14 +5,17 @@ the stand-in's host-backed `npu` device (`VLLM_NPU_EXT_EMULATE=1 vllm-npu-ext se
 - `tp2_server`: the tiny checkpoint with tensor parallelism 2 (two NPUWorkers whose HCCL
   groups are the stand-in's gloo-carried `hccl`): embeddings at parity with Hugging Face, every
   bad input 400 with a message, no traceback in the log, `device_config=npu`.
-- `reranker_server`: `--reranker` on a tiny Qwen3-Reranker: /rerank and /score at parity with
-  the model card's formula.
+- `reranker_server`: `--reranker` on a tiny Qwen3-Reranker, in default graph mode (piecewise
+  ACL graphs captured and replayed on the stand-in's NPUGraph): /rerank and /score at parity
+  with the model card's formula.
 - `benchmarks/_vllm_ascend_engine.py` (one in-process engine per run, as a worker process
   does; count_ops.py's `--vllm-ascend` runs it too): the worker, runner and device, the KV
   cache as vllm-ascend's runner allocated it, the operators of a decoder layer (count_ops.py's
   entries); stock vllm-ascend (our model plugin left out of VLLM_PLUGINS) under the same
-  stand-in, which stops at its first Triton kernel; and our model in default graph mode, which
-  stops where vllm-ascend's compiler imports its graph compiler.
+  stand-in, which stops at its first Triton kernel; and our model in default graph mode:
+  vllm-ascend's compiler and fusion passes, its ACLGraphWrapper capturing every capture size on
+  the stand-in's `NPUGraph` and replaying them, parity on other batch boundaries, and the
+  operators inside the graphs and between replays (count_ops.py's `vllm_ascend_graph`).
 """
 
 from __future__ import annotations
@@ -39,11 +42,6 @@ ENGINE_SCRIPT = TESTS.parent / "benchmarks" / "_vllm_ascend_engine.py"
 # (worker/block_table.py:165) for every KV-cached model; without a Triton backend it is a plain
 # function.
 STOCK_OBSTACLE = "'function' object is not subscriptable"
-# Default graph mode: vLLM's compile backend configures vllm-ascend's fusion passes
-# (compilation/graph_fusion_pass_manager.py:55), whose base class imports Huawei's graph
-# compiler, npugraph_ex or else torchair, for `register_replacement`
-# (compilation/passes/base_pattern.py:9-12, :55); neither exists off Ascend, nor in the stand-in.
-GRAPH_OBSTACLE = "No module named 'torchair'"
 
 
 class Started:
@@ -59,8 +57,9 @@ class Started:
             tp2 = [str(tiny_model_dir), "--enforce-eager", "--tensor-parallel-size", "2",
                    *TEST_SERVER_FLAGS]  # fmt: skip
             self.servers["tp2"] = Server(tp2, root / "tp2.log", subprocess_env())
-            reranker = [str(self.reranker_dir), "--reranker", "--enforce-eager", "--dtype",
-                        "float32", "--max-model-len", "512"]  # fmt: skip
+            # The reranker serves in default graph mode (ACL graphs on the stand-in's NPUGraph).
+            reranker = [str(self.reranker_dir), "--reranker", "--dtype", "float32",
+                        "--max-model-len", "512"]  # fmt: skip
             self.servers["reranker"] = Server(reranker, root / "reranker.log", subprocess_env())
             runs = (("plugin", ()), ("stock", ("--stock",)),
                     ("graph", ("--engine-args", json.dumps({"enforce_eager": False}))))
@@ -170,7 +169,8 @@ def test_the_reranker_matches_the_model_card(reranker_server, path):
     worst = max(abs(a - b) for a, b in zip(got, want, strict=True))
     print(f"vllm-ascend reranker server {path}: max |score - model card| {worst:.2e}")
     assert worst <= RERANK_MAX_DIFF
-    assert "device_config=npu" in reranker_server.log_text()
+    log = reranker_server.log_text()
+    assert "device_config=npu" in log and "Replaying aclgraph" in log
 
 
 def test_vllm_ascends_worker_and_runner_serve_our_model_on_npu(plugin_engine, tiny_model_dir):
@@ -221,12 +221,51 @@ def test_stock_vllm_ascend_stops_at_its_first_triton_kernel(started):
     assert STOCK_OBSTACLE in entry["blocked"]
 
 
-def test_default_graph_mode_stops_at_vllm_ascends_graph_compiler_import(started):
-    """Without --enforce-eager (PIECEWISE for pooling) the engine loads and starts compiling our
-    model (torch_npu.__version__ goes into vllm-ascend's compile hash), then vllm-ascend's
-    fusion passes need npugraph_ex/torchair, before any ACL graph is captured."""
-    returncode, output, _ = started.engine("graph")
-    assert returncode != 0
-    assert GRAPH_OBSTACLE in output and "base_pattern.py" in output
-    assert "capture_model" in output  # NPUModelRunner.capture_model compiles first
-    assert "cudagraph_mode': <CUDAGraphMode.PIECEWISE" in output
+@pytest.fixture(scope="module")
+def graph_engine(started):
+    returncode, output, out = started.engine("graph")
+    assert returncode == 0, output[-6000:]
+    return {**json.loads(out.read_text()), "log": output}
+
+
+def test_default_graph_mode_captures_and_replays_vllm_ascends_acl_graphs(graph_engine):
+    """Without --enforce-eager: PIECEWISE (vLLM's choice for pooling), vllm-ascend's own compiler
+    with its fusion passes (npugraph_ex off: vllm-ascend turns it off for piecewise graphs,
+    platform.py:624-629), its ACLGraphWrapper capturing every capture size on the stand-in's
+    NPUGraph and replaying one graph per piece: the layers' pieces between the attention ops."""
+    r, log = graph_engine, graph_engine["log"]
+    assert r["runner"] == "vllm_ascend.worker.model_runner_v1.NPUModelRunner"
+    assert r["cudagraph_mode"] == "PIECEWISE" and r["device"] == "npu:0"
+    assert "'enable_npugraph_ex': False" in log and "Replaying aclgraph" in log
+    entry = engine_module().graph_entry(r)
+    pieces = r["layers"] + 1
+    assert entry["graph_replays_per_forward"] == pieces
+    sizes = entry["capture_sizes"]
+    assert sizes >= 8 and r["graphs"]["captures"] == sizes * pieces
+    assert r["graphs"]["replays"] >= 4 * pieces  # warm-up, two embed calls, one per text, ...
+    assert entry["kv_cache_tensor_bytes"] == 0
+
+
+def test_graph_mode_embeddings_match_hf_across_batch_boundaries(graph_engine, tiny_model_dir):
+    """Replays on sequence boundaries and padded sizes other than the captures' (5 texts of
+    1-17 words in one step, then each alone). A replay that did not run the recorded work
+    again left the capture's outputs: cosine 0.18-0.77 (checked by disabling it)."""
+    want = hf_embeddings(tiny_model_dir, PARITY_TEXTS)
+    for key in ("embeddings", "embeddings_one_by_one"):
+        got = torch.tensor(graph_engine[key])
+        assert cosines(got, want).min() >= MIN_COSINE, key
+
+
+def test_graph_mode_runs_one_eager_operator_per_layer_between_replays(graph_engine):
+    """count_ops.py's `vllm_ascend_graph` entry: per decoder layer, the cache-free attention op
+    runs eagerly between replays; the layer's other 11 device operators are in the graphs
+    (the final norm adds one add_rms_norm to the last piece)."""
+    entry = engine_module().graph_entry(graph_engine)
+    layers = graph_engine["layers"]
+    assert entry["eager_between_replays_per_layer"] == {"vllm_npu_ext.cache_free_attention": 1}
+    captured = {name: count * layers for name, count in entry["captured_per_layer"].items()}
+    assert captured == {
+        "torch_npu.npu_add_rms_norm": 2 * layers, "torch_npu.npu_linear": 4 * layers,
+        "torch_npu.npu_rms_norm": 2 * layers + 1, "torch_npu.npu_rotary_mul": 2 * layers,
+        "torch_npu.npu_swiglu": layers,
+    }, entry  # fmt: skip
