@@ -170,7 +170,18 @@ def test_the_reranker_matches_the_model_card(reranker_server, path):
     print(f"vllm-ascend reranker server {path}: max |score - model card| {worst:.2e}")
     assert worst <= RERANK_MAX_DIFF
     log = reranker_server.log_text()
-    assert "device_config=npu" in log and "Replaying aclgraph" in log
+    assert "device_config=npu" in log and "Graph capturing finished" in log
+
+
+def test_the_reranker_replays_acl_graphs_at_parity(reranker_server):
+    """One document per request: 88-220 tokens, under the largest capture size (256), so each
+    step replays the graphs captured for its padded size (seven documents in one step exceed it
+    and run eagerly)."""
+    want = hf_rerank_scores(reranker_server.model_dir, QUERY, DOCUMENTS)
+    got = [rerank_scores(reranker_server, QUERY, [document], path="/rerank")[0]
+           for document in DOCUMENTS]  # fmt: skip
+    assert max(abs(a - b) for a, b in zip(got, want, strict=True)) <= RERANK_MAX_DIFF
+    assert "Replaying aclgraph" in reranker_server.log_text()
 
 
 def test_vllm_ascends_worker_and_runner_serve_our_model_on_npu(plugin_engine, tiny_model_dir):
