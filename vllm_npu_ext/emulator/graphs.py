@@ -37,14 +37,15 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils._pytree import tree_flatten
 
 _pool_ids = itertools.count(1)
-# Process-wide figures: graphs captured, operators they recorded, replays.
+# Process-wide figures: graphs captured and replays; the operators captures recorded, by name.
 stats: collections.Counter[str] = collections.Counter()
 captured_operators: collections.Counter[str] = collections.Counter()  # by name, all captures
 _capturing: list[NPUGraph] = []  # the graph under capture (one at a time, as on the device)
 # Operators whose result is memory, not the result of a kernel: nothing to replay.
 _ALLOCATIONS = frozenset({"aten::empty.memory_format", "aten::empty_strided", "aten::empty_like"})
-# Operators that make the host wait for device values.
+# Operators that make the host wait for device values, and those that copy to the host.
 _HOST_READS = frozenset({"aten::_local_scalar_dense", "aten::item", "aten::nonzero"})
+_COPIES = frozenset({"aten::_to_copy", "aten::copy_", "aten::to"})
 
 
 def _is_npu(value: Any) -> bool:
@@ -55,6 +56,11 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return [leaf for leaf in tree_flatten(value)[0] if isinstance(leaf, torch.Tensor)]
 
 
+def _results(func, out) -> tuple:
+    """An operator's results, one per return of its schema."""
+    return out if isinstance(out, (tuple, list)) and len(func._schema.returns) > 1 else (out,)
+
+
 class _Entry:
     """One recorded operator call: its arguments and the results the capture produced."""
 
@@ -62,22 +68,18 @@ class _Entry:
 
     def __init__(self, func, args, kwargs, out) -> None:
         self.func, self.args, self.kwargs = func, args, kwargs
-        returns = func._schema.returns
-        results = out if isinstance(out, (tuple, list)) and len(returns) > 1 else (out,)
         # New results (no alias annotation in the schema) are rewritten by each replay; views
         # and in-place/out= results are the arguments themselves.
         self.written: list[tuple[int, Any]] = [
             (index, result)
-            for index, (result, spec) in enumerate(zip(results, returns, strict=False))
+            for index, (result, spec) in enumerate(
+                zip(_results(func, out), func._schema.returns, strict=False))
             if spec.alias_info is None and _tensors(result)
-        ]
+        ]  # fmt: skip
 
     def replay(self) -> None:
         out = self.func(*self.args, **self.kwargs)
-        if not self.written:
-            return
-        results = out if isinstance(out, (tuple, list)) and len(self.func._schema.returns) > 1 \
-            else (out,)  # fmt: skip
+        results = _results(self.func, out)
         for index, recorded in self.written:
             for target, fresh in zip(_tensors(recorded), _tensors(results[index]), strict=True):
                 target.copy_(fresh)
@@ -90,23 +92,23 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        name = func._schema.name + (f".{func._overloadname}" if func._overloadname != "default"
-                                    else "")  # fmt: skip
+        op = func._schema.name
         inputs = [t for t in _tensors((args, kwargs)) if _is_npu(t)]
-        if inputs and func._schema.name in _HOST_READS:
+        if inputs and op in _HOST_READS:
             raise RuntimeError(
-                f"{name} reads an npu tensor on the host while an NPU graph is being captured "
+                f"{func} reads an npu tensor on the host while an NPU graph is being captured "
                 "(the device forbids synchronising with a capturing stream)"
             )
         out = func(*args, **kwargs)
         results = _tensors(out)
-        if inputs and any(t.device.type == "cpu" for t in results + _tensors(args[:1])) and \
-                func._schema.name in ("aten::_to_copy", "aten::copy_", "aten::to"):  # fmt: skip
+        if inputs and op in _COPIES and any(
+                t.device.type == "cpu" for t in results + _tensors(args[:1])):  # fmt: skip
             raise RuntimeError(
-                f"{name} copies an npu tensor to the host while an NPU graph is being captured "
+                f"{func} copies an npu tensor to the host while an NPU graph is being captured "
                 "(the device forbids synchronising with a capturing stream)"
             )
-        if (inputs or any(_is_npu(t) for t in results)) and name not in _ALLOCATIONS:
+        overload = op if func._overloadname == "default" else f"{op}.{func._overloadname}"
+        if (inputs or any(_is_npu(t) for t in results)) and overload not in _ALLOCATIONS:
             self.graph._entries.append(_Entry(func, args, kwargs, out))
         return out
 
@@ -145,7 +147,6 @@ class NPUGraph:
         _capturing.pop()
         self._captured = True
         stats["captures"] += 1
-        stats["captured_operators"] += len(self._entries)
         captured_operators.update(self.operators)
 
     def replay(self) -> None:
