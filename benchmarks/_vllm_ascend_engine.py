@@ -38,6 +38,15 @@ OUR_PLUGIN = "vllm_npu_ext"
 # aot_autograd.py:1088 makes entries for serialisable, i.e. inductor, compilers only), so on
 # Ascend the same compile goes through. Compiling just in time here takes torch 2.10's path.
 TORCH_2_11_ENV = {"VLLM_USE_AOT_COMPILE": "0"}
+# torch 2.11 checks, on a compiled graph's first run, that no custom operator returns one of its
+# inputs (torch/_functorch/_aot_autograd/runtime_wrappers.py:375-425): a warning ("deprecated, an
+# error in PyTorch 2.12"), an error where the variable CI is set (`error_on_custom_op_aliasing =
+# bool(os.getenv("CI"))`, torch/_functorch/config.py:99). vllm-ascend 0.23's
+# `torch.ops.vllm.maybe_pad_and_reduce` returns its input at TP=1 (ops/register_custom_ops.py:73-83:
+# `tensor_model_parallel_all_reduce(x)` of a one-rank group is `x`), so under a CI runner every
+# graph-mode start fails there; torch 2.10, vllm-ascend's pin, has no such check. The engines run
+# without CI, as on an Ascend host: the warning stays in their log.
+TORCH_2_11_UNSET = ("CI",)
 # vllm-ascend 0.23.0.post1's entry points (its dist-info), and our platform plugin.
 STOCK_PLUGINS = ("vllm_npu_ext_bootstrap,ascend,ascend_kv_connector,ascend_model,"
                  "ascend_model_loader,ascend_service_profiling")  # fmt: skip
@@ -145,6 +154,8 @@ def main() -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     for name, value in TORCH_2_11_ENV.items():
         os.environ.setdefault(name, value)
+    for name in TORCH_2_11_UNSET:
+        os.environ.pop(name, None)
     if args.stock:
         os.environ["VLLM_PLUGINS"] = STOCK_PLUGINS
     texts = json.loads(args.texts)

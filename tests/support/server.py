@@ -37,7 +37,7 @@ def console_script() -> str:
 
 
 @contextlib.contextmanager
-def running_server(args: list[str], log_path: Path, env: dict[str, str] | None = None):
+def running_server(args: list[str], log_path: Path, env: dict[str, str | None] | None = None):
     """A healthy `Server` for the `with` block; stopped afterwards whatever happened."""
     server = Server(args, log_path, env)
     try:
@@ -47,10 +47,16 @@ def running_server(args: list[str], log_path: Path, env: dict[str, str] | None =
         server.stop()
 
 
+def _child_env(env: dict[str, str | None] | None) -> dict[str, str]:
+    """This process's environment with `env` over it; a None value unsets the variable."""
+    merged = {**os.environ, **(env or {})}
+    return {name: value for name, value in merged.items() if value is not None}
+
+
 class Server:
     """A server process (own process group, so its engine children die with it)."""
 
-    def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None):
+    def __init__(self, args: list[str], log_path: Path, env: dict[str, str | None] | None = None):
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
@@ -60,7 +66,7 @@ class Server:
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
             self.args, stdout=self._log, stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})}, start_new_session=True,
+            env=_child_env(env), start_new_session=True,
         )  # fmt: skip
         self.started_in: float | None = None
 

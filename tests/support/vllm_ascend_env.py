@@ -6,6 +6,9 @@ import os
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parents[1]
+# `TORCH_2_11_UNSET` in benchmarks/_vllm_ascend_engine.py: CI's variable turns torch 2.11's
+# custom-operator aliasing warning into an error that vllm-ascend 0.23's graph mode hits.
+UNSET = ("CI",)
 
 
 def vllm_ascend_site() -> Path:
@@ -22,13 +25,21 @@ def subprocess_env(site: Path | None = None, **extra: str) -> dict[str, str]:
     """This process's environment for a child Python that imports vllm-ascend from `site`
     (default: where this process imports it; first on PYTHONPATH) and the tests' support
     modules, under the stand-in (VLLM_NPU_EXT_EMULATE=1), compiling as vLLM 0.23 does on
-    torch 2.10 (`TORCH_2_11_ENV` in benchmarks/_vllm_ascend_engine.py says why)."""
+    torch 2.10 and without CI's variable (`TORCH_2_11_ENV` and `TORCH_2_11_UNSET` in
+    benchmarks/_vllm_ascend_engine.py say why)."""
     env = dict(os.environ)
+    for name in UNSET:
+        env.pop(name, None)
     env["PYTHONPATH"] = os.pathsep.join([str(site or vllm_ascend_site()), str(TESTS)])
     env["VLLM_NPU_EXT_EMULATE"] = "1"
     env.setdefault("VLLM_USE_AOT_COMPILE", "0")
     env.update(extra)
     return env
+
+
+def server_env(**extra: str) -> dict[str, str | None]:
+    """`subprocess_env` as a `support.server.Server` overlay (the unset variables as None)."""
+    return {**subprocess_env(**extra), **dict.fromkeys(UNSET)}
 
 
 def engine_config(model_dir, **engine_args):

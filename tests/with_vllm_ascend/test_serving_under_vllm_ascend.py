@@ -34,7 +34,7 @@ from support.loadgen import embed_batch, served_model
 from support.rerank_oracle import hf_rerank_scores
 from support.rerank_servers import DOCUMENTS, QUERY, rerank_scores
 from support.server import TEST_SERVER_FLAGS, Server
-from support.vllm_ascend_env import TESTS, subprocess_env
+from support.vllm_ascend_env import TESTS, server_env, subprocess_env
 
 RERANK_MAX_DIFF = 1e-5  # float32, as benchmarks/README.md's parity rule
 ENGINE_SCRIPT = TESTS.parent / "benchmarks" / "_vllm_ascend_engine.py"
@@ -56,11 +56,11 @@ class Started:
         try:
             tp2 = [str(tiny_model_dir), "--enforce-eager", "--tensor-parallel-size", "2",
                    *TEST_SERVER_FLAGS]  # fmt: skip
-            self.servers["tp2"] = Server(tp2, root / "tp2.log", subprocess_env())
+            self.servers["tp2"] = Server(tp2, root / "tp2.log", server_env())
             # The reranker serves in default graph mode (ACL graphs on the stand-in's NPUGraph).
             reranker = [str(self.reranker_dir), "--reranker", "--dtype", "float32",
                         "--max-model-len", "512"]  # fmt: skip
-            self.servers["reranker"] = Server(reranker, root / "reranker.log", subprocess_env())
+            self.servers["reranker"] = Server(reranker, root / "reranker.log", server_env())
             runs = (("plugin", ()), ("stock", ("--stock",)),
                     ("graph", ("--engine-args", json.dumps({"enforce_eager": False}))))
             for name, flags in runs:
