@@ -61,6 +61,12 @@ VARIABLES: dict[str, tuple[str, str]] = {
         "0: vLLM does not compile our Qwen3 (eager forward, no graphs; --enforce-eager does the "
         "same for every model)",
     ),
+    "VLLM_NPU_EXT_CPU_FLOAT32_MATMUL": (
+        "auto",
+        "CPU platform path, bf16/fp16 models: keep the projection weights in float32 and "
+        "multiply in float32 (auto: on x86 CPUs without native bf16/fp16 matmul, where it is "
+        "about ten times faster; 1: always on the CPU; 0: never)",
+    ),
     MASTER_SWITCH: ("1", "0: every NPU fusion off (reference PyTorch ops on the NPU)"),
     **{
         f"VLLM_NPU_EXT_FUSE_{name.upper()}": ("1", f"0: {unfused} instead of {fused}")

@@ -47,7 +47,7 @@ from vllm.sequence import IntermediateTensors
 from vllm_npu_ext import compat, envs
 from vllm_npu_ext.envs import FusionConfig
 from vllm_npu_ext.logger import get_logger
-from vllm_npu_ext.model_executor.layers import fused
+from vllm_npu_ext.model_executor.layers import cpu_matmul, fused
 from vllm_npu_ext.model_executor.layers.attention import Qwen3Attention
 from vllm_npu_ext.model_executor.layers.cache_free_op import SPLITTING_OP
 from vllm_npu_ext.model_executor.layers.mlp import Qwen3MLP
@@ -113,6 +113,23 @@ def _fusions_for(dtype: torch.dtype, attn: Qwen3Attention) -> tuple[FusionConfig
     return fusions, notes
 
 
+def _use_float32_matmul(model: Qwen3Model, dtype: torch.dtype) -> str | None:
+    """Float32 projections on the CPU platform path where `cpu_matmul.choose` says so; the
+    reason when on (for the build log), else None."""
+    from vllm.platforms import current_platform
+
+    cpu_path = not model.npu_possible and current_platform.is_cpu()
+    on, why = cpu_matmul.choose(dtype, cpu_path)
+    if not on:
+        return None
+    projections = []
+    for layer in islice(model.layers, model.start_layer, model.end_layer):
+        attn, mlp = layer.self_attn, layer.mlp
+        projections += [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
+    count = cpu_matmul.use_float32_matmul(projections)
+    return f"{count} projections in float32 ({why})" if count else None
+
+
 def _compiles(vllm_config: VllmConfig) -> bool:
     """Whether vLLM may compile the model (both paths; `--enforce-eager` still wins).
 
@@ -156,6 +173,7 @@ class Qwen3Model(nn.Module):
         )
         first_attention = self.layers[self.start_layer].self_attn
         self.fusions, notes = _fusions_for(self.model_dtype, first_attention)
+        self.float32_matmul = _use_float32_matmul(self, self.model_dtype)
         for note in notes if self.npu_possible else ():
             logger.info("vllm-npu-ext: %s", note)
         self.norm = (
@@ -353,6 +371,8 @@ def _log_built(model: nn.Module, cache_free: bool, pooling: bool) -> None:
         from vllm.platforms import current_platform
 
         backend = f"platform kernels ({current_platform.device_type})"
+        if inner.float32_matmul:
+            backend += f", {inner.float32_matmul}"
     if not _compiled(inner):
         backend += "; eager (not compiled)"
     elif inner.npu_possible and cache_free:

@@ -1,0 +1,84 @@
+"""Float32 projections for bf16/fp16 models on CPUs without a native half-precision matmul
+(`vllm_npu_ext.model_executor.layers.cpu_matmul`); the engine runs that use it are the bf16
+parity runs of tests/test_model_parity.py and the benchmarks."""
+
+from __future__ import annotations
+
+import platform
+
+import pytest
+import torch
+from torch import nn
+
+from vllm_npu_ext.model_executor.layers import cpu_matmul
+from vllm_npu_ext.model_executor.layers.cpu_matmul import SWITCH, Float32MatmulLinearMethod
+
+
+@pytest.mark.parametrize("value", ["auto", "1", "0"])
+def test_never_on_the_npu_path_nor_for_float32_models(monkeypatch, value):
+    monkeypatch.setenv(SWITCH, value)
+    assert cpu_matmul.choose(torch.bfloat16, cpu_platform_path=False) == (
+        False, "not the CPU platform path",
+    )  # fmt: skip
+    assert cpu_matmul.choose(torch.float32, cpu_platform_path=True)[0] is False
+
+
+def test_the_switch_forces_either_way(monkeypatch):
+    monkeypatch.setenv(SWITCH, "1")
+    assert cpu_matmul.choose(torch.bfloat16, True) == (True, f"{SWITCH}=1")
+    monkeypatch.setenv(SWITCH, "0")
+    assert cpu_matmul.choose(torch.float16, True) == (False, f"{SWITCH}=0")
+
+
+def test_auto_follows_the_cpus_native_support(monkeypatch):
+    monkeypatch.delenv(SWITCH, raising=False)
+    for dtype in (torch.bfloat16, torch.float16):
+        on, why = cpu_matmul.choose(dtype, True)
+        x86 = platform.machine().lower() in ("x86_64", "amd64")
+        assert on == (x86 and not cpu_matmul.native_half_matmul(dtype)), why
+        assert why.startswith("auto: ")
+    monkeypatch.setattr(cpu_matmul, "native_half_matmul", lambda dtype: True)
+    monkeypatch.setattr(cpu_matmul.platform, "machine", lambda: "x86_64")
+    assert cpu_matmul.choose(torch.bfloat16, True) == (
+        False, "auto: this CPU multiplies torch.bfloat16 natively",
+    )  # fmt: skip
+    monkeypatch.setattr(cpu_matmul.platform, "machine", lambda: "aarch64")
+    assert cpu_matmul.choose(torch.bfloat16, True)[0] is False
+
+
+def test_an_unknown_value_names_the_variable(monkeypatch):
+    monkeypatch.setenv(SWITCH, "yes")
+    with pytest.raises(ValueError, match=SWITCH):
+        cpu_matmul.choose(torch.bfloat16, True)
+
+
+def _layer(dtype, bias: bool) -> nn.Module:
+    layer = nn.Module()
+    generator = torch.Generator().manual_seed(0)
+    layer.weight = nn.Parameter(torch.randn(48, 40, generator=generator).to(dtype), False)
+    bias_values = torch.randn(48, generator=generator).to(dtype)
+    layer.bias = nn.Parameter(bias_values, False) if bias else None
+    return layer
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_loaded_weights_become_exact_float32_and_outputs_keep_the_dtype(dtype, bias):
+    layer = _layer(dtype, bias)
+    loaded_weight = layer.weight.detach().clone()
+    method = Float32MatmulLinearMethod()
+    method.process_weights_after_loading(layer)
+    assert layer.weight.dtype == torch.float32 and not layer.weight.requires_grad
+    assert torch.equal(layer.weight.to(dtype), loaded_weight)  # the checkpoint's values
+    assert (layer.bias is None) == (not bias)
+    x = torch.randn(7, 40, generator=torch.Generator().manual_seed(1)).to(dtype)
+    out = method.apply(layer, x, layer.bias)
+    assert out.dtype == dtype and out.shape == (7, 48)
+    exact = x.double() @ loaded_weight.double().t()
+    if bias:
+        assert layer.bias.dtype == torch.float32
+        exact += layer.bias.double()
+    # float32 products of exact half-precision values, rounded once to the dtype
+    assert torch.equal(out, exact.to(dtype)) or (out.double() - exact).abs().max() <= (
+        exact.abs().max() * torch.finfo(dtype).eps
+    )
