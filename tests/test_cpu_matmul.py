@@ -1,17 +1,24 @@
 """Float32 projections for bf16/fp16 models on CPUs without a native half-precision matmul
-(`vllm_npu_ext.model_executor.layers.cpu_matmul`); the engine runs that use it are the bf16
-parity runs of tests/test_model_parity.py and the benchmarks."""
+(`vllm_npu_ext.model_executor.layers.cpu_matmul`): the choice, the linear method, and a bf16
+engine on the CPU platform path (the parity runs of tests/test_model_parity.py build their
+engines under the emulator, so their platform-path figures never use it)."""
 
 from __future__ import annotations
 
+import json
 import platform
 
 import pytest
 import torch
+from support.engines import KV_CACHE_BYTES, PARITY_TEXTS
+from support.hf_oracle import cosines, hf_embeddings
 from torch import nn
 
 from vllm_npu_ext.model_executor.layers import cpu_matmul
 from vllm_npu_ext.model_executor.layers.cpu_matmul import SWITCH, Float32MatmulLinearMethod
+from vllm_npu_ext.selfcheck.tolerances import min_embedding_cosine
+
+BF16_CONFIG = "gqa4_bf16"  # support.engines.ENGINE_CONFIGS: head_dim 128, 8 q / 2 kv heads
 
 
 @pytest.mark.parametrize("value", ["auto", "1", "0"])
@@ -82,3 +89,33 @@ def test_loaded_weights_become_exact_float32_and_outputs_keep_the_dtype(dtype, b
     assert torch.equal(out, exact.to(dtype)) or (out.double() - exact).abs().max() <= (
         exact.abs().max() * torch.finfo(dtype).eps
     )
+
+
+@pytest.fixture(scope="module")
+def bf16_platform_run(worker_pool, engine_runs, tmp_path_factory):
+    """One bf16 engine on the CPU platform path (no emulator), the switch at its default."""
+    model_dir = engine_runs.model_dir(BF16_CONFIG)
+    args = [
+        "--model", str(model_dir), "--dtype", "bfloat16", "--texts", json.dumps(PARITY_TEXTS),
+        "--skip-packed", "--engine-args", json.dumps({"kv_cache_memory_bytes": KV_CACHE_BYTES}),
+    ]  # fmt: skip
+    out = tmp_path_factory.mktemp("cpu_matmul") / "bf16_platform.pt"
+    worker_pool.submit("cpu_matmul/bf16_platform", "engine_worker.py", args, out)
+    run = worker_pool.result("cpu_matmul/bf16_platform")
+    return {**run, "hf": hf_embeddings(model_dir, PARITY_TEXTS)}
+
+
+def test_bf16_engine_says_whether_it_multiplies_in_float32(bf16_platform_run):
+    on, why = cpu_matmul.choose(torch.bfloat16, cpu_platform_path=True)
+    log = bf16_platform_run["log"]
+    assert "backend: platform kernels (cpu)" in log
+    assert ("projections in float32" in log) == on, why
+    if on:  # 4 per layer: q/k/v, o, gate/up, down
+        assert f"projections in float32 ({why})" in log
+
+
+def test_bf16_engine_on_the_platform_path_matches_hf(bf16_platform_run):
+    bound = min_embedding_cosine(torch.bfloat16)
+    for key in ("batch", "single"):
+        worst = cosines(bf16_platform_run[key], bf16_platform_run["hf"]).min().item()
+        assert worst >= bound, f"{key}: worst cosine {worst:.7f} < {bound}"

@@ -68,6 +68,11 @@ def npu_ops_for_device(device: torch.device) -> ModuleType | None:
     return None
 
 
+def real_torch_npu() -> ModuleType | None:
+    """torch_npu where it imports (an Ascend host), else None; never the emulator."""
+    return _real_torch_npu()
+
+
 def npu_available() -> bool:
     """Whether a real Ascend NPU is usable in this process."""
     torch_npu = _real_torch_npu()

@@ -163,7 +163,8 @@ def fused_call_counter(module) -> CallCounter:
 def _count_fused_calls(emulate: bool) -> CallCounter:
     from vllm_npu_ext.ops import dispatch
 
-    module = dispatch.emulator() if emulate else dispatch.npu_ops_for_device(torch.device("npu"))
+    # Not torch.device("npu"): without torch_npu (a CPU host) no such device type exists.
+    module = dispatch.emulator() if emulate else dispatch.real_torch_npu()
     return fused_call_counter(module)
 
 
