@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from support.scripts import load_script
+
 TESTS = Path(__file__).resolve().parents[1]
-# `TORCH_2_11_UNSET` in benchmarks/_vllm_ascend_engine.py: CI's variable turns torch 2.11's
-# custom-operator aliasing warning into an error that vllm-ascend 0.23's graph mode hits.
-UNSET = ("CI",)
+# What vllm-ascend's engines need on this stack's torch 2.11 (the engine script says why).
+_ENGINE_SCRIPT = load_script("benchmarks/_vllm_ascend_engine.py")
+TORCH_2_11_ENV, UNSET = _ENGINE_SCRIPT.TORCH_2_11_ENV, _ENGINE_SCRIPT.TORCH_2_11_UNSET
 
 
 def vllm_ascend_site() -> Path:
@@ -32,7 +34,8 @@ def subprocess_env(site: Path | None = None, **extra: str) -> dict[str, str]:
         env.pop(name, None)
     env["PYTHONPATH"] = os.pathsep.join([str(site or vllm_ascend_site()), str(TESTS)])
     env["VLLM_NPU_EXT_EMULATE"] = "1"
-    env.setdefault("VLLM_USE_AOT_COMPILE", "0")
+    for name, value in TORCH_2_11_ENV.items():
+        env.setdefault(name, value)
     env.update(extra)
     return env
 
