@@ -20,6 +20,15 @@ CASES = [("platform", path) for path in ENDPOINTS] + [("emulated", "/rerank"),
                                                        ("emulated", "/score")]  # fmt: skip
 
 
+# vLLM runs each pair of a rerank request as its own engine request, so equal pairs of one
+# request may share a step with different neighbours. vLLM's CPU float32 linear (oneDNN,
+# `dispatch_cpu_unquantized_gemm`) rounds a row by its place in the batch and the batch's size
+# (measured on vLLM 0.23: a row of a [m, 128] x [128, 384] product differs in its last bits
+# from the same row in a batch of 700; not on 0.32), so such pairs agree to float32 rounding,
+# not to the bit; stock vLLM the same. Seen: 1 ulp (6e-8) at a score near 0.5.
+SAME_PAIR_DIFF = 1e-6
+
+
 def _server(request, name: str):
     return request.getfixturevalue(SERVERS[name])
 
@@ -69,16 +78,18 @@ def test_rerank_sorts_mixed_length_documents_by_score(reranker_server, count):
     by_index = [r["relevance_score"] for r in sorted(results, key=lambda r: r["index"])]
     assert max_diff(by_index, oracle(reranker_server, QUERY, documents)) <= MAX_SCORE_DIFF
     if count == 50:
-        assert by_index[40] == by_index[3]
+        assert abs(by_index[40] - by_index[3]) <= SAME_PAIR_DIFF
 
 
 def test_the_same_pair_always_gets_the_same_score(reranker_server):
-    """No prefix cache: a repeated pair, alone or in another batch, scores identically."""
+    """No prefix cache: a repeated pair scores identically alone, and within float32 rounding
+    of vLLM's CPU linear in another batch (`SAME_PAIR_DIFF`)."""
     alone = rerank_scores(reranker_server, QUERY, DOCUMENTS[:1])
     again = rerank_scores(reranker_server, QUERY, DOCUMENTS[:1])
     batched = rerank_scores(reranker_server, QUERY, [*DOCUMENTS, DOCUMENTS[0]])
     assert alone == again
-    assert abs(batched[0] - alone[0]) <= 1e-6 and batched[0] == batched[-1]
+    assert abs(batched[0] - alone[0]) <= SAME_PAIR_DIFF
+    assert abs(batched[0] - batched[-1]) <= SAME_PAIR_DIFF
 
 
 @pytest.mark.parametrize("field", ["instruction", "chat_template_kwargs"])
