@@ -47,6 +47,13 @@ TORCH_2_11_ENV = {"VLLM_USE_AOT_COMPILE": "0"}
 # graph-mode start fails there; torch 2.10, vllm-ascend's pin, has no such check. The engines run
 # without CI, as on an Ascend host: the warning stays in their log.
 TORCH_2_11_UNSET = ("CI",)
+# Stock vllm-ascend's attention takes half-precision KV only: ATB ReshapeAndCache writes
+# float16/bfloat16/int8 caches (CANN ATB API reference, ReshapeAndCacheOperation;
+# attention/attention_v1.py:1444), and its prefill FIA call in TND layout takes bfloat16 with
+# head_dim 128 (torch-npu 2.10.0.post4 docs, emulator/attention.py). The side-by-side runs use
+# a tiny checkpoint of those shapes, served in bfloat16, for both sides.
+STOCK_CHECKPOINT = {"head_dim": 128, "torch_dtype": "bfloat16"}
+STOCK_ENGINE_ARGS = {"dtype": "bfloat16"}
 # vllm-ascend 0.23.0.post1's entry points (its dist-info), and our platform plugin.
 STOCK_PLUGINS = ("vllm_npu_ext_bootstrap,ascend,ascend_kv_connector,ascend_model,"
                  "ascend_model_loader,ascend_service_profiling")  # fmt: skip
@@ -187,6 +194,9 @@ def main() -> None:
         "worker": type(worker).__module__ + "." + type(worker).__qualname__,
         "runner": type(runner).__module__ + "." + type(runner).__qualname__,
         "model": type(model).__module__ + "." + type(model).__qualname__,
+        # The class under vLLM's pooling adapter: vLLM's Qwen3 (stock) or ours.
+        "model_base": next(f"{cls.__module__}.{cls.__qualname__}" for cls in type(model).__mro__
+                           if not cls.__module__.endswith(".adapters")),  # fmt: skip
         "device": str(runner.device), "parameter_devices": sorted(parameters),
         "kv_cache_tensor_bytes": _tensor_bytes(getattr(runner, "kv_caches", [])),
         "kv_cache_groups": len(runner.kv_cache_config.kv_cache_groups),

@@ -34,7 +34,9 @@ for stock vllm-ascend (our model plugin left out of VLLM_PLUGINS) on vllm-ascend
 NPUModelRunner under the torch_npu stand-in (`_vllm_ascend_engine.py`), eager, and the device
 operators of the first decoder layer's forward for one text, counted by the same counter:
 `vllm_ascend` and `stock_vllm_ascend` in the JSON (an entry that could not run says where it
-stopped). `vllm_ascend_graph`: our model in default graph mode (piecewise ACL graphs captured
+stopped), both on one tiny bf16 checkpoint with head_dim 128 (stock's attention takes no
+other: `STOCK_CHECKPOINT` in `_vllm_ascend_engine.py`) unless `--model` names one.
+`vllm_ascend_graph`: our model in default graph mode (piecewise ACL graphs captured
 and replayed by vllm-ascend's ACLGraphWrapper on the stand-in's NPUGraph): per decoder layer,
 the device operators the host ran between graph replays and those recorded in the graphs (of
 one capture size).
@@ -216,19 +218,24 @@ def _attributed(counter: OpCounter, label: str, forward):
     return run
 
 
-def count_under_vllm_ascend(site: str, model_dir: str) -> dict:
-    """Our model and stock vllm-ascend's, each in its own engine process (see the docstring)."""
+def count_under_vllm_ascend(site: str, model_dir: str | None) -> dict:
+    """Our model and stock vllm-ascend's, each in its own engine process (see the docstring),
+    on `model_dir` or a tiny checkpoint of the shapes stock's attention takes, in bf16."""
     import subprocess
 
     script = Path(__file__).resolve().parent / "_vllm_ascend_engine.py"
-    from _vllm_ascend_engine import TORCH_2_11_ENV, entry
+    from _vllm_ascend_engine import STOCK_CHECKPOINT, STOCK_ENGINE_ARGS, TORCH_2_11_ENV, entry
+
+    from vllm_npu_ext.tiny_model import make_tiny_model
 
     env = {**TORCH_2_11_ENV, **os.environ, "VLLM_NPU_EXT_EMULATE": "1",
            "PYTHONPATH": os.pathsep.join([site, os.environ.get("PYTHONPATH", "")])}  # fmt: skip
-    graph = ["--engine-args", json.dumps({"enforce_eager": False})]
+    eager = ["--engine-args", json.dumps(STOCK_ENGINE_ARGS)]
+    graph = ["--engine-args", json.dumps({**STOCK_ENGINE_ARGS, "enforce_eager": False})]
     entries = {}
     with tempfile.TemporaryDirectory(prefix="count_ops_") as scratch:
-        for name, flags in (("vllm_ascend", []), ("stock_vllm_ascend", ["--stock"]),
+        model_dir = model_dir or str(make_tiny_model(Path(scratch, "model"), **STOCK_CHECKPOINT))
+        for name, flags in (("vllm_ascend", eager), ("stock_vllm_ascend", ["--stock", *eager]),
                             ("vllm_ascend_graph", graph)):  # fmt: skip
             out = Path(scratch, f"{name}.json")
             completed = subprocess.run(
@@ -255,9 +262,8 @@ def main() -> int:
     from vllm_npu_ext.envs import FUSIONS, FusionConfig
     from vllm_npu_ext.tiny_model import make_tiny_model
 
-    model_dir = args.model or str(make_tiny_model(tempfile.mkdtemp(prefix="count_ops_")))
     if args.vllm_ascend:
-        entries = count_under_vllm_ascend(str(Path(args.vllm_ascend).resolve()), model_dir)
+        entries = count_under_vllm_ascend(str(Path(args.vllm_ascend).resolve()), args.model)
         print("| under vllm-ascend | ops per decoder layer |\n|---|---|")
         for name, entry in entries.items():
             if "eager_between_replays_per_layer" in entry:
@@ -268,6 +274,7 @@ def main() -> int:
             print(f"| {name} | {figure} |")
         print(json.dumps(entries))
         return 0
+    model_dir = args.model or str(make_tiny_model(tempfile.mkdtemp(prefix="count_ops_")))
     emulator.install()
     from vllm import LLM
 

@@ -1,6 +1,7 @@
 """The torch_npu stand-in's ATB operators (vllm_npu_ext/emulator/atb.py), against independent
 formulations: transformers' rotary embedding (neox halves), complex multiplication (interleaved
-pairs) and MindSpeed's documented decomposition of `_npu_matmul_add_fp32`."""
+pairs), MindSpeed's documented decomposition of `_npu_matmul_add_fp32`, and a token-by-token
+loop for `_npu_reshape_and_cache`."""
 
 from __future__ import annotations
 
@@ -77,3 +78,45 @@ def test_matmul_add_fp32_is_x_transposed_times_weight_plus_c():
         atb._npu_matmul_add_fp32(x, weight, c.half())
     with pytest.raises(ValueError, match="shape"):
         atb._npu_matmul_add_fp32(x, weight, torch.zeros(5, 4))
+
+
+def _caches(dtype=torch.bfloat16, blocks=4, block_size=8, heads=2, k_dim=HEAD, v_dim=HEAD):
+    key_cache = torch.full((blocks, block_size, heads, k_dim), 7.0, dtype=dtype)
+    value_cache = torch.full((blocks, block_size, heads, v_dim), -7.0, dtype=dtype)
+    return key_cache, value_cache
+
+
+def test_reshape_and_cache_writes_each_token_at_its_slot_and_nothing_else():
+    torch.manual_seed(3)
+    key_cache, value_cache = _caches(v_dim=8)  # key and value head sizes may differ
+    slots = torch.tensor([9, 0, 31, 17, 8], dtype=torch.int32)  # block * 8 + offset
+    key = torch.randn(5, 2, HEAD).bfloat16()
+    value = torch.randn(5, 2, 8).bfloat16()
+    want_k, want_v = key_cache.clone(), value_cache.clone()
+    for token, slot in enumerate(slots.tolist()):
+        want_k[slot // 8, slot % 8] = key[token]
+        want_v[slot // 8, slot % 8] = value[token]
+    atb._npu_reshape_and_cache(key=key, value=value, key_cache=key_cache,
+                               value_cache=value_cache, slot_indices=slots)  # fmt: skip
+    assert torch.equal(key_cache, want_k) and torch.equal(value_cache, want_v)
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "kind"),
+    [({"key": torch.zeros(2, 2, HEAD)}, "float16, bfloat16, int8", TypeError),
+     ({"slot_indices": torch.tensor([0, 1], dtype=torch.int64)}, "int32", TypeError),
+     ({"slot_indices": torch.tensor([0, 32], dtype=torch.int32)}, r"\[0, 32\)", ValueError),
+     ({"slot_indices": torch.tensor([-1, 0], dtype=torch.int32)}, r"\[0, 32\)", ValueError),
+     ({"key_cache": torch.zeros(4, 8, 1, HEAD, dtype=torch.bfloat16)}, "key_cache", ValueError),
+     ({"value": torch.zeros(3, 2, HEAD, dtype=torch.bfloat16)}, "'value'", ValueError)],
+)  # fmt: skip
+def test_reshape_and_cache_refuses_what_its_contract_excludes(change, error, kind):
+    """float32 is not among ATB ReshapeAndCache's dtypes; slots are int32 and inside the cache."""
+    key_cache, value_cache = _caches()
+    args = {"key": torch.zeros(2, 2, HEAD, dtype=torch.bfloat16),
+            "value": torch.zeros(2, 2, HEAD, dtype=torch.bfloat16), "key_cache": key_cache,
+            "value_cache": value_cache, "slot_indices": torch.tensor([0, 1], dtype=torch.int32),
+            **change}  # fmt: skip
+    with pytest.raises(kind, match=error):
+        atb._npu_reshape_and_cache(**args)
+    assert torch.all(key_cache == 7)  # nothing written before the refusal

@@ -12,7 +12,8 @@ the stand-in's host-backed `npu` device (`VLLM_NPU_EXT_EMULATE=1 vllm-npu-ext se
   does; count_ops.py's `--vllm-ascend` runs it too): the worker, runner and device, the KV
   cache as vllm-ascend's runner allocated it, the operators of a decoder layer (count_ops.py's
   entries); stock vllm-ascend (our model plugin left out of VLLM_PLUGINS) under the same
-  stand-in, which stops at its first Triton kernel; and our model in default graph mode:
+  stand-in beside our model, on one bf16 checkpoint (parity, KV cache, operators per layer);
+  and our model in default graph mode:
   vllm-ascend's compiler and fusion passes, its ACLGraphWrapper capturing every capture size on
   the stand-in's `NPUGraph` and replaying them, parity on other batch boundaries, and the
   operators inside the graphs and between replays (count_ops.py's `vllm_ascend_graph`).
@@ -36,12 +37,10 @@ from support.rerank_servers import DOCUMENTS, QUERY, rerank_scores
 from support.server import TEST_SERVER_FLAGS, Server
 from support.vllm_ascend_env import TESTS, server_env, subprocess_env
 
+from vllm_npu_ext.selfcheck.tolerances import min_embedding_cosine
+
 RERANK_MAX_DIFF = 1e-5  # float32, as benchmarks/README.md's parity rule
 ENGINE_SCRIPT = TESTS.parent / "benchmarks" / "_vllm_ascend_engine.py"
-# vLLM's triton placeholder: vllm-ascend's block table launches vLLM's slot-mapping kernel
-# (worker/block_table.py:165) for every KV-cached model; without a Triton backend it is a plain
-# function.
-STOCK_OBSTACLE = "'function' object is not subscriptable"
 
 
 class Started:
@@ -61,11 +60,18 @@ class Started:
             reranker = [str(self.reranker_dir), "--reranker", "--dtype", "float32",
                         "--max-model-len", "512"]  # fmt: skip
             self.servers["reranker"] = Server(reranker, root / "reranker.log", server_env())
-            runs = (("plugin", ()), ("stock", ("--stock",)),
-                    ("graph", ("--engine-args", json.dumps({"enforce_eager": False}))))
-            for name, flags in runs:
+            # Stock vllm-ascend and our model side by side on one bf16 checkpoint of the
+            # shapes stock's attention takes (STOCK_CHECKPOINT in the engine script).
+            engine = engine_module()
+            self.stock_dir = make_tiny_model(root / "stock-model", **engine.STOCK_CHECKPOINT)
+            bf16 = ("--engine-args", json.dumps(engine.STOCK_ENGINE_ARGS))
+            runs = (("plugin", tiny_model_dir, ()), ("stock", self.stock_dir, ("--stock", *bf16)),
+                    ("plugin_bf16", self.stock_dir, bf16),
+                    ("graph", tiny_model_dir,
+                     ("--engine-args", json.dumps({"enforce_eager": False}))))  # fmt: skip
+            for name, model_dir, flags in runs:
                 out, log = root / f"{name}.json", root / f"{name}.log"
-                self.engines[name] = (out, log, start_engine(tiny_model_dir, out, log, *flags))
+                self.engines[name] = (out, log, start_engine(model_dir, out, log, *flags))
         except BaseException:
             self.stop()
             raise
@@ -219,17 +225,63 @@ def test_a_decoder_layer_runs_twelve_device_operators(plugin_engine):
     assert entry["per_layer"] == 12 and entry["kv_cache_tensor_bytes"] == 0
 
 
-def test_stock_vllm_ascend_stops_at_its_first_triton_kernel(started):
-    """Stock vllm-ascend (our model plugin left out) under the same stand-in: its worker loads
-    and warms up (the stand-in's `_npu_matmul_add_fp32`, `_npu_rotary_embedding`), then its
-    block table launches vLLM's Triton slot-mapping kernel, which has no backend here."""
-    returncode, output, _ = started.engine("stock")
-    assert returncode != 0
-    assert STOCK_OBSTACLE in output
-    assert "block_table.py" in output and "compute_slot_mapping" in output
-    assert "vllm-npu-ext built" not in output  # vLLM's own Qwen3, with vllm-ascend's ops
-    entry = engine_module().entry(returncode, None, output)
-    assert STOCK_OBSTACLE in entry["blocked"]
+@pytest.fixture(scope="module")
+def stock_engine(started):
+    returncode, output, out = started.engine("stock")
+    assert returncode == 0, output[-6000:]
+    return {**json.loads(out.read_text()), "log": output}
+
+
+@pytest.fixture(scope="module")
+def plugin_bf16_engine(started):
+    returncode, output, out = started.engine("plugin_bf16")
+    assert returncode == 0, output[-6000:]
+    return json.loads(out.read_text())
+
+
+def test_stock_vllm_ascend_serves_on_the_same_stand_in(stock_engine, started):
+    """Stock vllm-ascend (our model plugin left out): vLLM's own Qwen3 with vllm-ascend's
+    operators, its attention backend writing and reading a KV cache, and its block table's
+    Triton slot-mapping kernel (the stand-in's, `emulator/triton_kernels.py`)."""
+    r = stock_engine
+    assert r["worker"] == "vllm_ascend.worker.worker.NPUWorker"
+    assert r["runner"] == "vllm_ascend.worker.model_runner_v1.NPUModelRunner"
+    assert "vllm-npu-ext built" not in r["log"]
+    assert r["model_base"] == "vllm.model_executor.models.qwen3.Qwen3ForCausalLM"
+    assert r["device"] == "npu:0" and r["parameter_devices"] == ["npu:0"]
+    assert r["dtype"] == "torch.bfloat16"
+    calls = r["emulated_calls"]
+    assert calls["triton:_compute_slot_mapping_kernel"] >= 1
+    assert calls["_npu_reshape_and_cache"] >= 2 and calls["npu_fused_infer_attention_score"] >= 2
+    assert r["forward"]["ops"]["triton_kernel._compute_slot_mapping_kernel"] == 1  # one launch
+    want = hf_embeddings(started.stock_dir, PARITY_TEXTS)
+    for key in ("embeddings", "embeddings_one_by_one"):
+        worst = cosines(torch.tensor(r[key]), want).min().item()
+        print(f"stock vllm-ascend {key} vs Hugging Face (bf16): worst cosine {worst:.6f}")
+        assert worst >= min_embedding_cosine(torch.bfloat16)
+
+
+def test_side_by_side_with_stock_on_one_checkpoint(stock_engine, plugin_bf16_engine, started):
+    """The same bf16 checkpoint, the same stand-in, the same counter: parity with Hugging Face,
+    the KV cache vllm-ascend's runner allocated, and a decoder layer's operators. Stock's
+    vLLM custom ops count once each, as ours do: `vllm.unified_attention_with_output` holds
+    its ATB ReshapeAndCache and its FIA call, `vllm.unquantized_gemm` one matmul."""
+    stock, ours = stock_engine, plugin_bf16_engine
+    want = hf_embeddings(started.stock_dir, PARITY_TEXTS)
+    worst = {name: cosines(torch.tensor(r["embeddings"]), want).min().item()
+             for name, r in (("stock", stock), ("ours", ours))}  # fmt: skip
+    print(f"bf16 checkpoint, worst cosine to Hugging Face: {worst}")
+    assert min(worst.values()) >= min_embedding_cosine(torch.bfloat16)
+    assert ours["model_base"].startswith("vllm_npu_ext.model_executor.models.qwen3.")
+    assert stock["kv_cache_tensor_bytes"] == 16 << 20 and ours["kv_cache_tensor_bytes"] == 0
+    module = engine_module()
+    stock_entry, our_entry = module.entry(0, stock, ""), module.entry(0, ours, "")
+    assert stock_entry["ops"] == {
+        "torch_npu.npu_add_rms_norm": 1, "torch_npu.npu_rms_norm": 3, "torch_npu.npu_swiglu": 1,
+        "vllm.maybe_chunk_residual": 1, "vllm.npu_rotary_embedding": 1,
+        "vllm.unified_attention_with_output": 1, "vllm.unquantized_gemm": 4,
+    }, stock_entry  # fmt: skip
+    assert stock_entry["per_layer"] == 12 and our_entry["per_layer"] == 12
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,8 @@ NotImplementedError.
 `install_stand_in()` adds the rest of the torch_npu surface vllm-ascend 0.23 imports and reads
 (`surface`; `host_npu`: the `npu` device, host memory behind torch's PrivateUse1 backend;
 `device`: `torch.npu` over it; `collectives`: the `hccl` backend, gloo for host and npu
-tensors; `atb`: the ATB operators its worker calls; `torch_npu._C`, CANN's `acl` names), for
+tensors; `atb`: the ATB operators its worker and attention call; `triton_kernels`: vLLM's
+Triton kernels, where vLLM has no Triton backend; `torch_npu._C`, CANN's `acl` names), for
 the life of the process: what `VLLM_NPU_EXT_EMULATE=1` processes and `tests/with_vllm_ascend` use.
 Names it does not implement raise AttributeError naming them (`_strict`), never a mock.
 
@@ -44,7 +45,7 @@ from types import ModuleType
 from . import platform
 from ._runtime import OPERATORS, calls, corrupted, inside_operator, reset_counts
 from ._schema import schema_document
-from .atb import _npu_matmul_add_fp32, _npu_rotary_embedding
+from .atb import _npu_matmul_add_fp32, _npu_reshape_and_cache, _npu_rotary_embedding
 from .attention import npu_fused_infer_attention_score, npu_fusion_attention
 from .attention_update import npu_attention_update
 from .format_cast import npu_format_cast
@@ -59,7 +60,8 @@ __vllm_npu_ext_emulator__ = True
 __version__ = "2.10.0.post4"
 
 __all__ = [
-    "OPERATORS", "_npu_matmul_add_fp32", "_npu_rotary_embedding", "calls", "corrupted",
+    "OPERATORS", "_npu_matmul_add_fp32", "_npu_reshape_and_cache", "_npu_rotary_embedding",
+    "calls", "corrupted",
     "emulated", "inside_operator", "install", "install_stand_in", "reset_counts",
     "schema_document", "uninstall", "npu_add_rms_norm", "npu_attention_update",
     "npu_format_cast", "npu_fused_infer_attention_score", "npu_fusion_attention",

@@ -16,6 +16,16 @@ sin in the second: vLLM's cache layout, which vllm-ascend passes unchanged,
 `ops/rotary_embedding.py:189-212`); neox style rotates the two halves, otherwise interleaved
 pairs (vLLM's `RotaryEmbedding.forward_static`, the operator vllm-ascend replaces with it).
 Computed in float32, written back in the input dtype.
+
+`_npu_reshape_and_cache(key, value, key_cache, value_cache, slot_indices)`: ATB's
+ReshapeAndCacheOperation (op-plugin `op_plugin/ops/atb/ReshapeAndCachAtb.cpp`; CANN 8.0 ATB
+API reference, ReshapeAndCacheOperation): key `[T, N, D_k]` and value `[T, N, D_v]` written in
+place into key_cache `[num_blocks, block_size, N, D_k]` and value_cache `[..., D_v]` at the
+flat slot `slot_indices[t]` (block * block_size + offset), slot_indices int32 `[T]`; key,
+value and the caches float16, bfloat16 or int8, all one dtype (float32 is not in the list).
+vllm-ascend calls it for every KV-cached attention layer before attention
+(`attention/attention_v1.py:1444`, `device/device_op.py:48-51`). A slot outside the cache is
+a ValueError here (the documented contract gives no meaning to one).
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ import torch
 from ._runtime import calls
 
 HALF_TYPES = (torch.float16, torch.bfloat16)
+CACHE_TYPES = (*HALF_TYPES, torch.int8)
 FLOAT_TYPES = (torch.float32, *HALF_TYPES)
 
 
@@ -88,3 +99,44 @@ def _npu_rotary_embedding(
     for tensor in (query, key):
         heads = tensor.view(tokens, -1, head_size)
         heads.copy_(_rotate(heads.float(), cos, sin, is_neox_style).to(tensor.dtype))
+
+
+def _npu_reshape_and_cache(
+    key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+    slot_indices: torch.Tensor,
+) -> None:  # fmt: skip
+    name = "_npu_reshape_and_cache"
+    calls[name] += 1
+    tensors = {"key": key, "value": value, "key_cache": key_cache, "value_cache": value_cache,
+               "slot_indices": slot_indices}  # fmt: skip
+    for arg, tensor in tensors.items():
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{name}: {arg!r} must be a tensor")
+    if len({tensor.device for tensor in tensors.values()}) != 1:
+        raise ValueError(f"{name}: all tensors must be on one device")
+    if key.dtype not in CACHE_TYPES:
+        raise TypeError(f"{name}: key dtype {key.dtype} not supported (float16, bfloat16, int8)")
+    if len({key.dtype, value.dtype, key_cache.dtype, value_cache.dtype}) != 1:
+        raise TypeError(f"{name}: key, value, key_cache and value_cache must share one dtype")
+    if slot_indices.dtype != torch.int32 or slot_indices.dim() != 1:
+        raise TypeError(f"{name}: slot_indices must be a 1-D int32 tensor")
+    tokens = slot_indices.shape[0]
+    for arg, tensor, cache in (("key", key, key_cache), ("value", value, value_cache)):
+        if tensor.dim() != 3 or tensor.shape[0] != tokens:
+            raise ValueError(f"{name}: {arg!r} must be [T={tokens}, heads, head_size], got "
+                             f"{tuple(tensor.shape)}")  # fmt: skip
+        if cache.dim() != 4 or tuple(cache.shape[2:]) != tuple(tensor.shape[1:]):
+            raise ValueError(
+                f"{name}: {arg}_cache must be [num_blocks, block_size, "
+                f"{tensor.shape[1]}, {tensor.shape[2]}], got {tuple(cache.shape)}"
+            )
+        if not cache.is_contiguous():
+            raise ValueError(f"{name}: {arg}_cache must be contiguous (ND)")
+    if tuple(key_cache.shape[:2]) != tuple(value_cache.shape[:2]):
+        raise ValueError(f"{name}: key_cache and value_cache must share num_blocks and block_size")
+    slots = key_cache.shape[0] * key_cache.shape[1]
+    if tokens and (int(slot_indices.min()) < 0 or int(slot_indices.max()) >= slots):
+        raise ValueError(f"{name}: slot_indices must lie in [0, {slots}) (the caches' slots)")
+    index = slot_indices.long()
+    for tensor, cache in ((key, key_cache), (value, value_cache)):
+        cache.view(slots, *cache.shape[2:]).index_copy_(0, index, tensor)

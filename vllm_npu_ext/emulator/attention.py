@@ -141,9 +141,12 @@ def npu_fused_infer_attention_score(call: BoundCall) -> tuple[torch.Tensor, torc
     docstring). Other layouts: float16/bfloat16 (float32 is not accepted by the real
     operator). Returns (out like query, LSE float32 `[T, N, 1]` when softmax_lse_flag, else
     an empty float32 `[0]`: what the wheel's C++ and meta kernels allocate,
-    `_meta_registrations.py:1995`; the prose docs say `[1]`).
+    `_meta_registrations.py:1995`; the prose docs say `[1]`). `block_size` without a
+    `block_table` is inert: page attention needs block_table (W:8174, block_size W:8086);
+    vllm-ascend passes block_size=128 with no block table on a prefill without cached
+    tokens (attention_v1.py:1194-1197).
     """
-    call.require_defaults(FIA_HANDLED)
+    call.require_defaults(FIA_HANDLED | ({"block_size"} if call.block_table is None else set()))
     _require_layout(FIA, call.input_layout, FIA_LAYOUTS, FIA_OTHER_LAYOUTS)
     tensors = {"query": call.query, "key": call.key, "value": call.value}
     require_dtype(FIA, "query", call.query, FLOAT16_TYPES)

@@ -24,7 +24,7 @@ from types import ModuleType
 
 import torch
 
-from . import collectives, device, graphs, npugraph_ex
+from . import collectives, device, graphs, npugraph_ex, triton_kernels
 from ._strict import not_emulated, strict_module
 
 _installed: list[ModuleType] = []
@@ -163,5 +163,6 @@ def install(torch_npu: ModuleType) -> ModuleType:
     fallback.fallback(_npu_kernel_on_host, "CPU", with_keyset=True)
     _libraries.append(fallback)
     collectives.register()
+    triton_kernels.install()  # vLLM's Triton kernels, where it has no Triton backend
     _installed.append(npu)
     return npu
