@@ -46,6 +46,8 @@ OPERATORS = (
     "npu_linear",
     "npu_format_cast",
     "npu_attention_update",
+    "npu_dynamic_quant",
+    "npu_add_rms_norm_dynamic_quant",
 )
 _SCHEMA = re.compile(
     r"^(?P<name>[A-Za-z_]\w*)(?:\.(?P<overload>\w+))?\((?P<args>.*)\)\s*->\s*(?P<ret>.+)$"

@@ -100,6 +100,12 @@ VALID_CALLS = {
     "add_rms_norm": lambda: emu.npu_add_rms_norm(rand(3, 8), rand(3, 8), rand(8)),
     "swiglu": lambda: emu.npu_swiglu(rand(3, 8)),
     "linear": lambda: emu.npu_linear(rand(3, 8), rand(5, 8), rand(5)),
+    "dynamic_quant": lambda: emu.npu_dynamic_quant(rand(2, 3, 8)),
+    "add_rms_norm_dynamic_quant": lambda: emu.npu_add_rms_norm_dynamic_quant(
+        rand(3, 8), rand(3, 8), rand(8), output_mask=[True, False]),
+    "add_rms_norm_dynamic_quant two outputs": lambda: emu.npu_add_rms_norm_dynamic_quant(
+        rand(3, 8), rand(3, 8), rand(8), smooth_scale1=rand(8), smooth_scale2=rand(8),
+        output_mask=[True, True]),
 }
 
 REJECTIONS = [

@@ -67,6 +67,8 @@ class Started:
             bf16 = ("--engine-args", json.dumps(engine.STOCK_ENGINE_ARGS))
             runs = (("plugin", tiny_model_dir, ()), ("stock", self.stock_dir, ("--stock", *bf16)),
                     ("plugin_bf16", self.stock_dir, bf16),
+                    ("graph_bf16", self.stock_dir, ("--engine-args", json.dumps(
+                        {**engine.STOCK_ENGINE_ARGS, "enforce_eager": False}))),
                     ("graph", tiny_model_dir,
                      ("--engine-args", json.dumps({"enforce_eager": False}))))  # fmt: skip
             for name, model_dir, flags in runs:
@@ -332,3 +334,30 @@ def test_graph_mode_runs_one_eager_operator_per_layer_between_replays(graph_engi
         "torch_npu.npu_rms_norm": 2 * layers + 1, "torch_npu.npu_rotary_mul": 2 * layers,
         "torch_npu.npu_swiglu": layers,
     }, entry  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def graph_bf16_engine(started):
+    returncode, output, out = started.engine("graph_bf16")
+    assert returncode == 0, output[-6000:]
+    return {**json.loads(out.read_text()), "log": output}
+
+
+def test_bf16_graph_mode_traces_vllm_ascends_quant_fusion_and_replays_at_parity(
+    graph_bf16_engine, started
+):
+    """bf16 in default graph mode: vllm-ascend enables its norm-quant fusion pass for
+    float16/bfloat16 models and traces its patterns, which call `npu_dynamic_quant` and
+    `npu_add_rms_norm_dynamic_quant` (emulator/quant.py; without them the engine did not
+    start). Our model has no quantisation to fuse: the graphs replay at parity."""
+    r, log = graph_bf16_engine, graph_bf16_engine["log"]
+    assert "Enabled custom fusions: norm_quant" in log and "Replaying aclgraph" in log
+    assert r["cudagraph_mode"] == "PIECEWISE" and r["dtype"] == "torch.bfloat16"
+    pieces = r["layers"] + 1
+    assert r["graphs"]["captures"] >= 8 * pieces and r["graphs"]["replays"] >= 4 * pieces
+    entry = engine_module().graph_entry(r)
+    assert entry["eager_between_replays_per_layer"] == {"vllm_npu_ext.cache_free_attention": 1}
+    want = hf_embeddings(started.stock_dir, PARITY_TEXTS)
+    for key in ("embeddings", "embeddings_one_by_one"):
+        worst = cosines(torch.tensor(r[key]), want).min().item()
+        assert worst >= min_embedding_cosine(torch.bfloat16), (key, worst)

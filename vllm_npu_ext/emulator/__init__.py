@@ -6,7 +6,8 @@ A strict stand-in for the torch_npu operators the project calls, installed as
 path with it; nothing else in the package imports it. `vllm_npu_ext.ops.dispatch` is the one
 place that recognises it.
 
-Emulates the torch_npu operators the project calls. Each is a torch operator
+Emulates the torch_npu operators the project calls, and two that vllm-ascend's graph-mode
+fusion passes trace for bf16/fp16 models (`quant`). Each is a torch operator
 `torch.ops.npu.<name>` defined from the schema string of the torch-npu wheel
 (`torch_npu_schemas.json`), as torch_npu defines its own, with a fake kernel giving the
 wheel's meta shapes: `torch.compile` traces each call as one opaque operator (`_runtime`,
@@ -52,6 +53,7 @@ from .format_cast import npu_format_cast
 from .matmul import npu_grouped_matmul, npu_linear
 from .norm import npu_add_rms_norm, npu_rms_norm
 from .pointwise import npu_rotary_mul, npu_swiglu
+from .quant import npu_add_rms_norm_dynamic_quant, npu_dynamic_quant
 
 __vllm_npu_ext_emulator__ = True
 # The torch-npu wheel whose operator schemas and documentation the stand-in follows
@@ -65,7 +67,8 @@ __all__ = [
     "emulated", "inside_operator", "install", "install_stand_in", "reset_counts",
     "schema_document", "uninstall", "npu_add_rms_norm", "npu_attention_update",
     "npu_format_cast", "npu_fused_infer_attention_score", "npu_fusion_attention",
-    "npu_grouped_matmul", "npu_linear", "npu_rms_norm", "npu_rotary_mul", "npu_swiglu",
+    "npu_add_rms_norm_dynamic_quant", "npu_dynamic_quant", "npu_grouped_matmul", "npu_linear",
+    "npu_rms_norm", "npu_rotary_mul", "npu_swiglu",
 ]
 
 _MISSING = object()

@@ -183,6 +183,21 @@ def format_cast(call: BoundCall):
     return torch.empty_like(call.arguments["self"], memory_format=torch.contiguous_format)
 
 
+def dynamic_quant(call: BoundCall):
+    """(y int8 like input, scale float32 of input.shape[:-1]) for int8 per-token (M:5036-5067)."""
+    x = call.input
+    return torch.empty_like(x, dtype=torch.int8), x.new_empty(x.shape[:-1], dtype=torch.float32)
+
+
+def add_rms_norm_dynamic_quant(call: BoundCall):
+    """(y1, y2, x_out, scale1, scale2); y2 `[0]` unless output_mask[1] (M:2874-2890)."""
+    x1, mask = call.x1, call.output_mask
+    y2_shape = x1.shape if mask is None or (len(mask) > 1 and mask[1]) else (0,)
+    scale = x1.new_empty(x1.shape[:-1], dtype=torch.float32)
+    return (torch.empty_like(x1, dtype=torch.int8), x1.new_empty(y2_shape, dtype=torch.int8),
+            torch.empty_like(x1), scale, torch.empty_like(scale))  # fmt: skip
+
+
 def _fake(op: str, overload: str, shapes: Callable[[BoundCall], Any]) -> Callable[..., Any]:
     def fake(*args: Any, **kwargs: Any) -> Any:
         return shapes(bind_overload(op, overload, args, kwargs))
@@ -206,4 +221,8 @@ FAKE_KERNELS: dict[str, Callable[..., Any]] = {
     "npu_fusion_attention": _fake("npu_fusion_attention", "", fusion_attention),
     "npu_attention_update": _fake("npu_attention_update", "", attention_update),
     "npu_format_cast": _fake("npu_format_cast", "", format_cast),
+    "npu_dynamic_quant": _fake("npu_dynamic_quant", "", dynamic_quant),
+    "npu_add_rms_norm_dynamic_quant": _fake(
+        "npu_add_rms_norm_dynamic_quant", "", add_rms_norm_dynamic_quant
+    ),
 }
