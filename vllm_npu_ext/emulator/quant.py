@@ -56,9 +56,9 @@ def quantize_rows(
     if smooth is not None:
         x32 = x32 * smooth.float()
     scale = x32.abs().amax(dim=-1) / INT8_MAX
+    # A row of zeros divides by 1 instead of 0: its codes are 0 either way.
     safe = torch.where(scale > 0, scale, torch.ones_like(scale)).unsqueeze(-1)
-    y = torch.where(scale.unsqueeze(-1) > 0, torch.round(x32 / safe), torch.zeros_like(x32))
-    return y.clamp(-INT8_MAX, INT8_MAX).to(torch.int8), scale
+    return torch.round(x32 / safe).clamp(-INT8_MAX, INT8_MAX).to(torch.int8), scale
 
 
 @emulated_operator(DYNAMIC_QUANT)
@@ -105,8 +105,7 @@ def npu_add_rms_norm_dynamic_quant(call: BoundCall):
     if call.beta is not None:
         y = y + call.beta.float()
     y1, scale1 = quantize_rows(y, smooth1)
-    second = len(mask) == 2 and mask[1]
-    if second:
+    if len(mask) == 2 and mask[1]:
         y2, scale2 = quantize_rows(y, smooth2)
     else:  # no meaning without smooth_scale2 (the meta kernel's shapes)
         y2, scale2 = y1.new_zeros((0,)), torch.zeros_like(scale1)

@@ -70,7 +70,7 @@ class EmulatedKernel:
                 f"Triton kernel {self.name} is not emulated by the torch_npu stand-in "
                 f"({__name__}); add its PyTorch implementation, from its source, to KERNELS"
             )
-        expected = [p for p in inspect.signature(implementation).parameters if p != "grid"]
+        expected = _parameters(implementation)
         if list(self.signature.parameters) != expected:
             raise NotImplementedError(
                 f"Triton kernel {self.name}: its parameters {list(self.signature.parameters)} "
@@ -83,6 +83,12 @@ class EmulatedKernel:
     def __call__(self, *args, **kwargs):
         raise TypeError(f"Triton kernel {self.name} is launched as kernel[grid](...), "
                         "not called")  # fmt: skip
+
+
+@functools.cache
+def _parameters(implementation: Callable[..., None]) -> list[str]:
+    """The kernel parameters an implementation takes (all but the grid)."""
+    return [p for p in inspect.signature(implementation).parameters if p != "grid"]
 
 
 def jit(*args, **kwargs):
@@ -159,7 +165,7 @@ def _compute_slot_mapping(
            f"query_start_loc ends at {last}, past positions ({positions.numel()}) or "
            f"max_num_tokens ({max_num_tokens})")  # fmt: skip
     torch.ops.triton_kernel._compute_slot_mapping_kernel(
-        num_reqs, num_tokens, max_num_tokens, query_start_loc, positions, block_table,
+        num_reqs, last, num_tokens, max_num_tokens, query_start_loc, positions, block_table,
         block_size, slot_mapping, TOTAL_CP_WORLD_SIZE, TOTAL_CP_RANK,
         CP_KV_CACHE_INTERLEAVE_SIZE, PAD_ID,
     )  # fmt: skip
@@ -171,14 +177,13 @@ def _compute_slot_mapping(
     "triton_kernel::_compute_slot_mapping_kernel", mutates_args=("slot_mapping",)
 )
 def _slot_mapping_math(
-    num_reqs: int, num_tokens: int, max_num_tokens: int, query_start_loc: torch.Tensor,
+    num_reqs: int, last: int, num_tokens: int, max_num_tokens: int, query_start_loc: torch.Tensor,
     positions: torch.Tensor, block_table: torch.Tensor, block_size: int,
     slot_mapping: torch.Tensor, cp_world_size: int, cp_rank: int, interleave: int, pad_id: int,
 ) -> None:  # fmt: skip
     device = slot_mapping.device
     # Programs 0..num_reqs-1: the tokens of request r are query_start_loc[r]..[r+1].
-    bounds = query_start_loc[: num_reqs + 1].to(torch.int64)
-    last = int(bounds[-1].item())
+    bounds = query_start_loc[: num_reqs + 1].to(torch.int64)  # last == bounds[-1]
     token = torch.arange(max_num_tokens, dtype=torch.int64, device=device)
     request = torch.searchsorted(bounds, token, right=True) - 1
     inside = (request >= 0) & (request < num_reqs)
