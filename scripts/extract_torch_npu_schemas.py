@@ -48,6 +48,8 @@ OPERATORS = (
     "npu_attention_update",
     "npu_dynamic_quant",
     "npu_add_rms_norm_dynamic_quant",
+    "npu_quantize",
+    "npu_add_rms_norm_quant",
 )
 _SCHEMA = re.compile(
     r"^(?P<name>[A-Za-z_]\w*)(?:\.(?P<overload>\w+))?\((?P<args>.*)\)\s*->\s*(?P<ret>.+)$"

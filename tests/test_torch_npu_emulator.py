@@ -106,6 +106,9 @@ VALID_CALLS = {
     "add_rms_norm_dynamic_quant two outputs": lambda: emu.npu_add_rms_norm_dynamic_quant(
         rand(3, 8), rand(3, 8), rand(8), smooth_scale1=rand(8), smooth_scale2=rand(8),
         output_mask=[True, True]),
+    "quantize": lambda: emu.npu_quantize(rand(3, 8), rand(8), rand(8), torch.qint8, -1, False),
+    "add_rms_norm_quant": lambda: emu.npu_add_rms_norm_quant(
+        rand(3, 8), rand(3, 8), rand(8), rand(8), rand(8), epsilon=1e-6),
 }
 
 REJECTIONS = [

@@ -53,7 +53,12 @@ from .format_cast import npu_format_cast
 from .matmul import npu_grouped_matmul, npu_linear
 from .norm import npu_add_rms_norm, npu_rms_norm
 from .pointwise import npu_rotary_mul, npu_swiglu
-from .quant import npu_add_rms_norm_dynamic_quant, npu_dynamic_quant
+from .quant import (
+    npu_add_rms_norm_dynamic_quant,
+    npu_add_rms_norm_quant,
+    npu_dynamic_quant,
+    npu_quantize,
+)
 
 __vllm_npu_ext_emulator__ = True
 # The torch-npu wheel whose operator schemas and documentation the stand-in follows
@@ -67,8 +72,9 @@ __all__ = [
     "emulated", "inside_operator", "install", "install_stand_in", "reset_counts",
     "schema_document", "uninstall", "npu_add_rms_norm", "npu_attention_update",
     "npu_format_cast", "npu_fused_infer_attention_score", "npu_fusion_attention",
-    "npu_add_rms_norm_dynamic_quant", "npu_dynamic_quant", "npu_grouped_matmul", "npu_linear",
-    "npu_rms_norm", "npu_rotary_mul", "npu_swiglu",
+    "npu_add_rms_norm_dynamic_quant", "npu_add_rms_norm_quant", "npu_dynamic_quant",
+    "npu_grouped_matmul", "npu_linear", "npu_quantize", "npu_rms_norm", "npu_rotary_mul",
+    "npu_swiglu",
 ]
 
 _MISSING = object()

@@ -198,6 +198,18 @@ def add_rms_norm_dynamic_quant(call: BoundCall):
             torch.empty_like(x1), scale, torch.empty_like(scale))  # fmt: skip
 
 
+def quantize(call: BoundCall):
+    """int8 like self for torch.qint8 / int8 (M:4990-5014)."""
+    return torch.empty_like(call.arguments["self"], dtype=torch.int8)
+
+
+def add_rms_norm_quant(call: BoundCall):
+    """(y1 int8, y2 int8, x_out like x1), all of x1's shape (M:6078-6088)."""
+    x1 = call.x1
+    return torch.empty_like(x1, dtype=torch.int8), torch.empty_like(x1, dtype=torch.int8), \
+        torch.empty_like(x1)
+
+
 def _fake(op: str, overload: str, shapes: Callable[[BoundCall], Any]) -> Callable[..., Any]:
     def fake(*args: Any, **kwargs: Any) -> Any:
         return shapes(bind_overload(op, overload, args, kwargs))
@@ -225,4 +237,6 @@ FAKE_KERNELS: dict[str, Callable[..., Any]] = {
     "npu_add_rms_norm_dynamic_quant": _fake(
         "npu_add_rms_norm_dynamic_quant", "", add_rms_norm_dynamic_quant
     ),
+    "npu_quantize": _fake("npu_quantize", "", quantize),
+    "npu_add_rms_norm_quant": _fake("npu_add_rms_norm_quant", "", add_rms_norm_quant),
 }

@@ -167,7 +167,11 @@ def _scalar_ok(base: str, value: Any) -> bool:
     if base == "Tensor":
         return isinstance(value, torch.Tensor)
     if base in ("int", "SymInt"):
-        return isinstance(value, int) and not isinstance(value, bool)
+        # torch's own binder takes a dtype for an int and passes its ScalarType value (12 for
+        # torch.qint8): vllm-ascend calls npu_quantize's `int dtype` so.
+        return (isinstance(value, int) and not isinstance(value, bool)) or (
+            base == "int" and isinstance(value, torch.dtype)
+        )
     if base == "float":
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if base == "bool":

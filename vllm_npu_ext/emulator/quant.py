@@ -1,4 +1,5 @@
-"""Emulated `npu_dynamic_quant` and `npu_add_rms_norm_dynamic_quant`: per-token symmetric int8.
+"""Emulated int8 quantisation: `npu_dynamic_quant` and `npu_add_rms_norm_dynamic_quant`
+(per-token symmetric), `npu_quantize` and `npu_add_rms_norm_quant` (static scales).
 
 vllm-ascend 0.23 needs both in graph mode for every float16/bfloat16 model, quantised or not:
 its norm-quant fusion pass registers the pattern add_rms_norm -> dynamic_quant and its fused
@@ -20,6 +21,24 @@ From torch-npu 2.10.0.post4 `_op_plugin_docs.py` (W:line):
   smooth_scale2; y2 is then `[0]`, as the wheel's meta kernel gives it (the prose says `[1]`).
   Emulated: int8 output (y_dtype None or torch.int8).
 
+vllm-ascend's static-quant patterns of the same pass (:726-731, registered where its operator
+library loads, `enable_custom_op()`) trace `torch.ops.vllm.quantize`, which calls
+`npu_quantize(x, scale_reciprocal, offset, torch.qint8, -1, False)`
+(`ops/register_custom_ops.py:188-197`), and the replacement `npu_add_rms_norm_quant`:
+- npu_quantize (W:11291-11340): div_mode True `y = input / scales + zero_points`, False
+  `y = input * scales + zero_points`; scales (and zero_points, of scales' shape) 1-D of the
+  quantised axis' size or 1, or input's rank with 1s outside that axis; with div_mode False
+  the axis is the last one unless axis is -2. Emulated: int8 output (dtype torch.qint8 or its
+  enum 12, torch.int8's 1; the wheel's meta kernel M:4990-5014 gives int8 for both), the
+  last axis (axis -1, or any axis > -2 with div_mode False, or the last of the input's with
+  div_mode True); input float32/float16/bfloat16, scales float32/float16/bfloat16.
+- npu_add_rms_norm_quant (W:12240-12265): x_out = x1 + x2, y = rms_norm(x_out) * gamma
+  (+ beta), y1 = quantize(y, scales1, zero_points1) (division by scales1 when div_mode, as
+  npu_quantize), y2 the same with scales2 where given; x1/x2 1-8 dimensions float16/bfloat16,
+  gamma and beta of x1's dtype and its normalised shape, scales1/2 float32 or bfloat16 and
+  zero_points1/2 int32 or bfloat16 of gamma's shape; axis -1 only (the meta kernel checks it,
+  M:6078-6088, which gives y2 x1's shape: zeros here without scales2).
+
 Computed in float32 (the normalised value is not rounded to x1's dtype before quantising);
 ties round to even (`torch.round`; the docs say "round"); a row of zeros gets scale 0 and y 0.
 """
@@ -37,6 +56,10 @@ DYNAMIC_QUANT = "npu_dynamic_quant"
 ADD_RMS_NORM_DYNAMIC_QUANT = "npu_add_rms_norm_dynamic_quant"
 INT8_MAX = 127.0
 INT8_ENUM = 1  # torch_npu's dst_type enum value of torch.int8 (the meta kernel's default)
+QINT8_ENUM = 12  # torch.qint8's ScalarType value: vllm-ascend passes torch.qint8 as `int dtype`
+QUANTIZE = "npu_quantize"
+ADD_RMS_NORM_QUANT = "npu_add_rms_norm_quant"
+SCALE_TYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def _require_row_vector(op: str, name: str, tensor: torch.Tensor | None, x: torch.Tensor) -> None:
@@ -47,6 +70,20 @@ def _require_row_vector(op: str, name: str, tensor: torch.Tensor | None, x: torc
             f"{op}: argument {name!r} must be 1-D of size {x.shape[-1]} and dtype {x.dtype}, got "
             f"{tuple(tensor.shape)} {tensor.dtype}"
         )
+
+
+def _add_norm(op: str, call: BoundCall, ranks: range) -> tuple[torch.Tensor, torch.Tensor]:
+    """The checked x1 + x2 (float32) and rms_norm(x1 + x2) * gamma (+ beta) in float32."""
+    x1, x2 = call.x1, call.x2
+    require_ndim(op, "x1", x1, ranks)
+    require_dtype(op, "x1", x1, FLOAT16_TYPES)
+    if x2.shape != x1.shape or x2.dtype != x1.dtype:
+        raise ValueError(f"{op}: x2 must have x1's shape {tuple(x1.shape)} and dtype {x1.dtype}")
+    _require_row_vector(op, "gamma", call.gamma, x1)
+    _require_row_vector(op, "beta", call.beta, x1)
+    x_sum = x1.float() + x2.float()
+    y, _ = _rms_norm(x_sum, call.gamma, call.epsilon)
+    return x_sum, (y if call.beta is None else y + call.beta.float())
 
 
 def quantize_rows(
@@ -83,12 +120,9 @@ def npu_dynamic_quant(call: BoundCall) -> tuple[torch.Tensor, torch.Tensor]:
 @emulated_operator(ADD_RMS_NORM_DYNAMIC_QUANT)
 def npu_add_rms_norm_dynamic_quant(call: BoundCall):
     """(y1, y2, x_out, scale1, scale2); see the module docstring."""
-    op, x1, x2, gamma = ADD_RMS_NORM_DYNAMIC_QUANT, call.x1, call.x2, call.gamma
-    require_ndim(op, "x1", x1, range(2, 9))
-    require_dtype(op, "x1", x1, FLOAT16_TYPES)
-    if x2.shape != x1.shape or x2.dtype != x1.dtype:
-        raise ValueError(f"{op}: x2 must have x1's shape {tuple(x1.shape)} and dtype {x1.dtype}")
-    for name in ("gamma", "beta", "smooth_scale1", "smooth_scale2"):
+    op, x1 = ADD_RMS_NORM_DYNAMIC_QUANT, call.x1
+    x_sum, y = _add_norm(op, call, range(2, 9))
+    for name in ("smooth_scale1", "smooth_scale2"):
         _require_row_vector(op, name, call.arguments[name], x1)
     if call.y_dtype not in (None, torch.int8):
         raise NotImplementedError(f"{op}: only int8 output (y_dtype None or int8) is emulated")
@@ -100,13 +134,87 @@ def npu_add_rms_norm_dynamic_quant(call: BoundCall):
             raise ValueError(f"{op}: a given smooth_scale needs its output_mask flag True")
     elif smooth2 is not None and smooth1 is None:
         raise ValueError(f"{op}: smooth_scale2 needs smooth_scale1 when output_mask is empty")
-    x_sum = x1.float() + x2.float()
-    y, _ = _rms_norm(x_sum, gamma, call.epsilon)
-    if call.beta is not None:
-        y = y + call.beta.float()
     y1, scale1 = quantize_rows(y, smooth1)
     if len(mask) == 2 and mask[1]:
         y2, scale2 = quantize_rows(y, smooth2)
     else:  # no meaning without smooth_scale2 (the meta kernel's shapes)
         y2, scale2 = y1.new_zeros((0,)), torch.zeros_like(scale1)
     return y1, y2, x_sum.to(x1.dtype), scale1, scale2
+
+
+def _int8_code(dtype: object) -> bool:
+    return dtype in (torch.qint8, torch.int8, QINT8_ENUM, INT8_ENUM)
+
+
+def _require_quant_vector(op: str, name: str, tensor, size: int, dtypes) -> None:
+    """`tensor` (if given) holds one value per element of the quantised last axis, or one for
+    all: shape [size] or [1], or input-rank with 1s elsewhere; dtype in `dtypes`."""
+    if tensor is None:
+        return
+    if tensor.dtype not in dtypes:
+        raise TypeError(f"{op}: argument {name!r} must be one of {list(dtypes)}, got "
+                        f"{tensor.dtype}")
+    if tensor.shape[-1:] not in ((size,), (1,)) or any(d != 1 for d in tensor.shape[:-1]):
+        raise ValueError(f"{op}: argument {name!r} must hold {size} values (or 1) along the "
+                         f"quantised last axis, got shape {tuple(tensor.shape)}")  # fmt: skip
+
+
+def quantize_static(y32: torch.Tensor, scales, zero_points, div_mode: bool) -> torch.Tensor:
+    """int8 codes of float32 `y32` with per-column `scales` and `zero_points` (saturating)."""
+    scales32 = scales.float().reshape(-1)
+    q = y32 / scales32 if div_mode else y32 * scales32
+    if zero_points is not None:
+        q = q + zero_points.float().reshape(-1)
+    return torch.round(q).clamp(-128, 127).to(torch.int8)
+
+
+@emulated_operator(QUANTIZE)
+def npu_quantize(call: BoundCall) -> torch.Tensor:
+    """int8 codes of input with static scales; see the module docstring."""
+    op, x, scales, zero_points = QUANTIZE, call.arguments["self"], call.scales, call.zero_points
+    require_dtype(op, "self", x, SCALE_TYPES)
+    if x.dim() < 1:
+        raise ValueError(f"{op}: argument 'self' must have at least one dimension")
+    if not _int8_code(call.dtype):
+        raise NotImplementedError(f"{op}: only int8 output (dtype torch.qint8) is emulated, got "
+                                  f"{call.dtype!r}")  # fmt: skip
+    last = call.axis in (-1, x.dim() - 1) or (not call.div_mode and call.axis > -2)
+    if not last:
+        raise NotImplementedError(
+            f"{op}: only the last axis is emulated, got axis={call.axis} "
+            f"(div_mode={call.div_mode}) for {x.dim()} dimensions"
+        )
+    _require_quant_vector(op, "scales", scales, x.shape[-1], SCALE_TYPES)
+    if zero_points is not None and not call.div_mode and (
+            zero_points.shape != scales.shape or zero_points.dtype != scales.dtype):  # fmt: skip
+        raise ValueError(f"{op}: with div_mode False zero_points must have scales' shape and dtype")
+    zero_types = SCALE_TYPES if not call.div_mode else (torch.int8, torch.uint8, torch.int32,
+                                                          torch.bfloat16)  # fmt: skip
+    _require_quant_vector(op, "zero_points", zero_points, x.shape[-1], zero_types)
+    return quantize_static(x.float(), scales, zero_points, call.div_mode)
+
+
+@emulated_operator(ADD_RMS_NORM_QUANT)
+def npu_add_rms_norm_quant(call: BoundCall):
+    """(y1 int8, y2 int8, x_out like x1); see the module docstring."""
+    op, x1, gamma = ADD_RMS_NORM_QUANT, call.x1, call.gamma
+    x_sum, y = _add_norm(op, call, range(1, 9))
+    if call.axis != -1:
+        raise ValueError(f"{op}: axis must be -1, got {call.axis}")
+    if call.dst_type not in (None, INT8_ENUM):
+        raise NotImplementedError(f"{op}: only int8 output (dst_type None) is emulated")
+    pairs = ((call.scales1, call.zero_points1, "1"), (call.scales2, call.zero_points2, "2"))
+    for scales, zero_points, n in pairs:
+        checks = ((f"scales{n}", scales, (torch.float32, torch.bfloat16)),
+                  (f"zero_points{n}", zero_points, (torch.int32, torch.bfloat16)))  # fmt: skip
+        for name, tensor, dtypes in checks:
+            if tensor is not None and (tensor.shape != gamma.shape or tensor.dtype not in dtypes):
+                raise ValueError(f"{op}: argument {name!r} must have gamma's shape "
+                                 f"{tuple(gamma.shape)} and a dtype of {list(dtypes)}, got "
+                                 f"{tuple(tensor.shape)} {tensor.dtype}")  # fmt: skip
+    if call.scales2 is None and call.zero_points2 is not None:
+        raise ValueError(f"{op}: zero_points2 needs scales2")
+    y1 = quantize_static(y, call.scales1, call.zero_points1, call.div_mode)
+    y2 = (torch.zeros_like(y1) if call.scales2 is None
+          else quantize_static(y, call.scales2, call.zero_points2, call.div_mode))  # fmt: skip
+    return y1, y2, x_sum.to(x1.dtype)
