@@ -117,20 +117,30 @@ def _per_layer(counts: dict[str, int], layers: int, names) -> dict[str, float]:
     return {name: count / layers for name, count in sorted(counts.items()) if name in names}
 
 
+# The operators count_ops.py counts as device operators (aten's are the host's glue): torch_npu's,
+# ours, vllm-ascend's operator library's, vLLM's and vllm-ascend's custom ops (one each: stock's
+# `vllm.unified_attention_with_output` holds its ReshapeAndCache and FIA launches) and the
+# stand-in's Triton kernels (one launch each).
+DEVICE_OPS = ("torch_npu.", "vllm_npu_ext.", "_C_ascend.", "vllm.", "triton_kernel.")
+
+
 def graph_entry(results: dict) -> dict:
-    """Our model under vllm-ascend's ACL graphs (piecewise): per decoder layer, the device
+    """A model under vllm-ascend's ACL graphs (piecewise): per decoder layer, the device
     operators the host ran eagerly between graph replays (count_ops.py's counter), and those
     recorded in each captured graph set (one capture size: the captures' operators divided by
-    the number of capture sizes), torch_npu operators and our own only."""
+    the number of capture sizes). Operators that run once per forward (the final norm, the
+    embedding's reduce, the slot mapping) show as 1 / layers."""
     layers, graphs = results["layers"], results["graphs"]
     pieces = results["forward"]["graph_replays"]
     sizes = graphs["captures"] // pieces
-    device_ops = ("torch_npu.", "vllm_npu_ext.")
     eager = {name: count for name, count in results["forward"]["ops"].items()
-             if name.startswith(device_ops)}  # fmt: skip
-    captured = {"torch_npu." + name.split(".")[1]: count // sizes
-                for name, count in results["captured_operators"].items()
-                if name.startswith("npu.")}  # fmt: skip
+             if name.startswith(DEVICE_OPS)}  # fmt: skip
+    captured = {}
+    for name, count in results["captured_operators"].items():  # "npu.npu_rms_norm.default"
+        namespace, op = name.split(".")[:2]
+        label = ("torch_npu" if namespace == "npu" else namespace) + "." + op
+        if label.startswith(DEVICE_OPS):
+            captured[label] = captured.get(label, 0) + count // sizes
     return {"capture_sizes": sizes, "graph_replays_per_forward": pieces,
             "eager_between_replays_per_layer": _per_layer(eager, layers, eager),
             "captured_per_layer": _per_layer(captured, layers, captured),

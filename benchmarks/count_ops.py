@@ -36,10 +36,12 @@ operators of the first decoder layer's forward for one text, counted by the same
 `vllm_ascend` and `stock_vllm_ascend` in the JSON (an entry that could not run says where it
 stopped), both on one tiny bf16 checkpoint with head_dim 128 (stock's attention takes no
 other: `STOCK_CHECKPOINT` in `_vllm_ascend_engine.py`) unless `--model` names one.
-`vllm_ascend_graph`: our model in default graph mode (piecewise ACL graphs captured
-and replayed by vllm-ascend's ACLGraphWrapper on the stand-in's NPUGraph): per decoder layer,
-the device operators the host ran between graph replays and those recorded in the graphs (of
-one capture size).
+`vllm_ascend_graph` and `stock_vllm_ascend_graph`: our model and stock in default graph mode
+(piecewise ACL graphs captured and replayed by vllm-ascend's ACLGraphWrapper on the stand-in's
+NPUGraph): per decoder layer, the device operators the host ran between graph replays and those
+recorded in the graphs (of one capture size). Stock's graph mode runs on the stand-ins of
+vllm-ascend's operator library (`emulator/c_ascend.py`) and of its Triton QK-norm + RoPE
+operator (`emulator/ascend_triton.py`), which it needs to start.
 """
 
 from __future__ import annotations
@@ -236,7 +238,8 @@ def count_under_vllm_ascend(site: str, model_dir: str | None) -> dict:
     with tempfile.TemporaryDirectory(prefix="count_ops_") as scratch:
         model_dir = model_dir or str(make_tiny_model(Path(scratch, "model"), **STOCK_CHECKPOINT))
         for name, flags in (("vllm_ascend", eager), ("stock_vllm_ascend", ["--stock", *eager]),
-                            ("vllm_ascend_graph", graph)):  # fmt: skip
+                            ("vllm_ascend_graph", graph),
+                            ("stock_vllm_ascend_graph", ["--stock", *graph])):  # fmt: skip
             out = Path(scratch, f"{name}.json")
             completed = subprocess.run(
                 [sys.executable, str(script), "--model", model_dir, "--out", str(out),

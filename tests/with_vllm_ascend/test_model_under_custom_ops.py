@@ -402,10 +402,15 @@ def _norm_with_loaded_bias(vllm_config, hidden_size: int, eps: float):
     return norm.to(vllm_config.model_config.dtype), generator
 
 
-def test_npu_path_norms_match_vllm_ascends_rmsnorm_with_a_bias(built):
+def test_npu_path_norms_match_vllm_ascends_rmsnorm_with_a_bias(built, monkeypatch):
     """Our NPU path runs vllm-ascend's RMSNorm parameters through torch_npu itself
     (`fused.rms_norm` / `fused.add_rms_norm`); it must give what that layer's own forward
-    (`AscendRMSNorm.forward_oot`, on the emulated torch_npu too) gives, bias included."""
+    (`AscendRMSNorm.forward_oot`, on the emulated torch_npu too) gives, bias included: to the
+    bit where vllm-ascend adds the residual with torch_npu's `npu_add_rms_norm` and then the
+    bias (its path without its operator library), and within one rounding of the dtype where
+    it calls its library's `npu_add_rms_norm_bias` (the Ascend path: that kernel rounds the
+    normalised value to bf16 before the weight, `emulator/c_ascend.py`)."""
+    import vllm_ascend.utils
     from vllm.config import set_current_vllm_config
     from vllm_ascend.ops.layernorm import AscendRMSNorm
 
@@ -423,10 +428,21 @@ def test_npu_path_norms_match_vllm_ascends_rmsnorm_with_a_bias(built):
     empty = torch.empty(0)
     step = NpuStep(emulator, model.model.fusions, empty, empty, None)
     with set_current_vllm_config(vllm_config), torch.no_grad():
+        assert vllm_ascend.utils.enable_custom_op()  # the stand-in's vllm_ascend_C
         theirs = norm.forward_oot(x.clone())
+        library_sum = norm.forward_oot(x.clone(), residual.clone())
+        monkeypatch.setattr(vllm_ascend.utils, "_CUSTOM_OP_ENABLED", False)
         theirs_sum = norm.forward_oot(x.clone(), residual.clone())
         ours = fused.rms_norm(norm, x.clone(), step)
         ours_sum = fused.add_rms_norm(norm, x.clone(), residual.clone(), step)
     torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
     for mine, reference in zip(ours_sum, theirs_sum, strict=True):
         torch.testing.assert_close(mine, reference, rtol=0, atol=0)
+    torch.testing.assert_close(ours_sum[1], library_sum[1], rtol=0, atol=0)  # the residual
+    # Rounding the normalised value, the product and the sum in another order: at most a
+    # rounding of the output and of the product before the bias (output - bias) on each side.
+    library = library_sum[0].float()
+    ulp = {torch.float32: 2.0**-23, torch.bfloat16: 2.0**-8}[dtype]
+    bound = ulp * (library.abs() + (library - norm.bias.float()).abs()) * 2
+    diff = (ours_sum[0].float() - library).abs()
+    assert (diff <= bound).all(), (diff - bound).max()

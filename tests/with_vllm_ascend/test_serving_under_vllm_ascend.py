@@ -13,10 +13,11 @@ the stand-in's host-backed `npu` device (`VLLM_NPU_EXT_EMULATE=1 vllm-npu-ext se
   cache as vllm-ascend's runner allocated it, the operators of a decoder layer (count_ops.py's
   entries); stock vllm-ascend (our model plugin left out of VLLM_PLUGINS) under the same
   stand-in beside our model, on one bf16 checkpoint (parity, KV cache, operators per layer);
-  and our model in default graph mode:
+  and our model and stock in default graph mode:
   vllm-ascend's compiler and fusion passes, its ACLGraphWrapper capturing every capture size on
   the stand-in's `NPUGraph` and replaying them, parity on other batch boundaries, and the
-  operators inside the graphs and between replays (count_ops.py's `vllm_ascend_graph`).
+  operators inside the graphs and between replays (count_ops.py's `vllm_ascend_graph` and
+  `stock_vllm_ascend_graph`).
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ class Started:
             runs = (("plugin", tiny_model_dir, ()), ("stock", self.stock_dir, ("--stock", *bf16)),
                     ("plugin_bf16", self.stock_dir, bf16),
                     ("graph_bf16", self.stock_dir, ("--engine-args", json.dumps(
+                        {**engine.STOCK_ENGINE_ARGS, "enforce_eager": False}))),
+                    ("stock_graph", self.stock_dir, ("--stock", "--engine-args", json.dumps(
                         {**engine.STOCK_ENGINE_ARGS, "enforce_eager": False}))),
                     ("graph", tiny_model_dir,
                      ("--engine-args", json.dumps({"enforce_eager": False}))))  # fmt: skip
@@ -243,8 +246,10 @@ def plugin_bf16_engine(started):
 
 def test_stock_vllm_ascend_serves_on_the_same_stand_in(stock_engine, started):
     """Stock vllm-ascend (our model plugin left out): vLLM's own Qwen3 with vllm-ascend's
-    operators, its attention backend writing and reading a KV cache, and its block table's
-    Triton slot-mapping kernel (the stand-in's, `emulator/triton_kernels.py`)."""
+    operators, its attention backend writing and reading a KV cache, its block table's
+    Triton slot-mapping kernel (the stand-in's, `emulator/triton_kernels.py`), and its operator
+    library (the stand-in's `vllm_ascend_C`, `emulator/c_ascend.py`): `enable_custom_op()`
+    finds it, so the residual norms are `_C_ascend::npu_add_rms_norm_bias`, as on Ascend."""
     r = stock_engine
     assert r["worker"] == "vllm_ascend.worker.worker.NPUWorker"
     assert r["runner"] == "vllm_ascend.worker.model_runner_v1.NPUModelRunner"
@@ -256,6 +261,7 @@ def test_stock_vllm_ascend_serves_on_the_same_stand_in(stock_engine, started):
     assert calls["triton:_compute_slot_mapping_kernel"] >= 1
     assert calls["_npu_reshape_and_cache"] >= 2 and calls["npu_fused_infer_attention_score"] >= 2
     assert r["forward"]["ops"]["triton_kernel._compute_slot_mapping_kernel"] == 1  # one launch
+    assert calls["_C_ascend.npu_add_rms_norm_bias"] >= 2 and "npu_add_rms_norm" not in calls
     want = hf_embeddings(started.stock_dir, PARITY_TEXTS)
     for key in ("embeddings", "embeddings_one_by_one"):
         worst = cosines(torch.tensor(r[key]), want).min().item()
@@ -279,7 +285,8 @@ def test_side_by_side_with_stock_on_one_checkpoint(stock_engine, plugin_bf16_eng
     module = engine_module()
     stock_entry, our_entry = module.entry(0, stock, ""), module.entry(0, ours, "")
     assert stock_entry["ops"] == {
-        "torch_npu.npu_add_rms_norm": 1, "torch_npu.npu_rms_norm": 3, "torch_npu.npu_swiglu": 1,
+        "_C_ascend.npu_add_rms_norm_bias": 1, "torch_npu.npu_rms_norm": 3,
+        "torch_npu.npu_swiglu": 1,
         "vllm.maybe_chunk_residual": 1, "vllm.npu_rotary_embedding": 1,
         "vllm.unified_attention_with_output": 1, "vllm.unquantized_gemm": 4,
     }, stock_entry  # fmt: skip
@@ -324,7 +331,8 @@ def test_graph_mode_embeddings_match_hf_across_batch_boundaries(graph_engine, ti
 def test_graph_mode_runs_one_eager_operator_per_layer_between_replays(graph_engine):
     """count_ops.py's `vllm_ascend_graph` entry: per decoder layer, the cache-free attention op
     runs eagerly between replays; the layer's other 11 device operators are in the graphs
-    (the final norm adds one add_rms_norm to the last piece)."""
+    (the final norm adds one rms_norm to the last piece; vllm-ascend's embedding adds its
+    tensor-parallel reduce, `vllm.maybe_pad_and_reduce`, which returns its input at TP=1)."""
     entry = engine_module().graph_entry(graph_engine)
     layers = graph_engine["layers"]
     assert entry["eager_between_replays_per_layer"] == {"vllm_npu_ext.cache_free_attention": 1}
@@ -332,7 +340,7 @@ def test_graph_mode_runs_one_eager_operator_per_layer_between_replays(graph_engi
     assert captured == {
         "torch_npu.npu_add_rms_norm": 2 * layers, "torch_npu.npu_linear": 4 * layers,
         "torch_npu.npu_rms_norm": 2 * layers + 1, "torch_npu.npu_rotary_mul": 2 * layers,
-        "torch_npu.npu_swiglu": layers,
+        "torch_npu.npu_swiglu": layers, "vllm.maybe_pad_and_reduce": 1,
     }, entry  # fmt: skip
 
 
@@ -361,3 +369,49 @@ def test_bf16_graph_mode_traces_vllm_ascends_quant_fusion_and_replays_at_parity(
     for key in ("embeddings", "embeddings_one_by_one"):
         worst = cosines(torch.tensor(r[key]), want).min().item()
         assert worst >= min_embedding_cosine(torch.bfloat16), (key, worst)
+
+
+@pytest.fixture(scope="module")
+def stock_graph_engine(started):
+    returncode, output, out = started.engine("stock_graph")
+    assert returncode == 0, output[-6000:]
+    return {**json.loads(out.read_text()), "log": output}
+
+
+def test_stock_vllm_ascend_in_graph_mode_beside_ours(stock_graph_engine, graph_bf16_engine,
+                                                     started):  # fmt: skip
+    """Stock vllm-ascend in default graph mode, on the bf16 checkpoint our bf16 graph run
+    serves. It starts only with vllm-ascend's operator library (its `AscendRMSNorm` makes the
+    first `enable_custom_op()` call inside the traced forward, where a failed import stops
+    dynamo: the stand-in's `vllm_ascend_C`) and its Triton QK-norm + RoPE operator (its fusion
+    pass registers a replacement calling `vllm.qkv_rmsnorm_rope` for bf16 models with head_dim
+    128, registered only with triton-ascend: the stand-in's, `emulator/ascend_triton.py`).
+    Parity with Hugging Face across batch boundaries; per decoder layer, stock runs its
+    attention op eagerly between replays (ReshapeAndCache + FIA into its KV cache) and the
+    slot-mapping kernel once per forward; in the graphs the fused QK-norm + RoPE replaced the
+    two q/k norms and the rotary op."""
+    stock, ours = stock_graph_engine, graph_bf16_engine
+    assert stock["model_base"] == "vllm.model_executor.models.qwen3.Qwen3ForCausalLM"
+    assert stock["cudagraph_mode"] == "PIECEWISE" and "Replaying aclgraph" in stock["log"]
+    want = hf_embeddings(started.stock_dir, PARITY_TEXTS)
+    for key in ("embeddings", "embeddings_one_by_one"):
+        worst = cosines(torch.tensor(stock[key]), want).min().item()
+        print(f"stock vllm-ascend graph mode {key} vs Hugging Face (bf16): worst {worst:.6f}")
+        assert worst >= min_embedding_cosine(torch.bfloat16), (key, worst)
+    module = engine_module()
+    entry, our_entry = module.graph_entry(stock), module.graph_entry(ours)
+    layers = stock["layers"]
+    assert entry["graph_replays_per_forward"] == layers + 1
+    assert entry["eager_between_replays_per_layer"] == {
+        "triton_kernel._compute_slot_mapping_kernel": 1 / layers,
+        "vllm.unified_attention_with_output": 1,
+    }, entry  # fmt: skip
+    captured = {name: count * layers for name, count in entry["captured_per_layer"].items()}
+    assert captured == {
+        "_C_ascend.npu_add_rms_norm_bias": 2 * layers, "torch_npu.npu_rms_norm": 1,
+        "torch_npu.npu_swiglu": layers, "vllm.maybe_chunk_residual": 2 * layers,
+        "vllm.maybe_pad_and_reduce": 1, "vllm.qkv_rmsnorm_rope": layers,
+        "vllm.unquantized_gemm": 4 * layers,
+    }, entry  # fmt: skip
+    assert stock["emulated_calls"]["vllm.qkv_rmsnorm_rope"] >= layers
+    assert entry["kv_cache_tensor_bytes"] == 16 << 20 and our_entry["kv_cache_tensor_bytes"] == 0

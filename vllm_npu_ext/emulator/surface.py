@@ -24,7 +24,7 @@ from types import ModuleType
 
 import torch
 
-from . import collectives, device, graphs, npugraph_ex, triton_kernels
+from . import ascend_triton, c_ascend, collectives, device, graphs, npugraph_ex, triton_kernels
 from ._strict import not_emulated, strict_module
 
 _installed: list[ModuleType] = []
@@ -164,5 +164,7 @@ def install(torch_npu: ModuleType) -> ModuleType:
     _libraries.append(fallback)
     collectives.register()
     triton_kernels.install()  # vLLM's Triton kernels, where it has no Triton backend
+    c_ascend.install()  # vllm-ascend's operator library, where it has none on disk
+    ascend_triton.install()  # vllm-ascend's Triton operators, where it registers none
     _installed.append(npu)
     return npu
