@@ -57,6 +57,7 @@ ADD_RMS_NORM_DYNAMIC_QUANT = "npu_add_rms_norm_dynamic_quant"
 INT8_MAX = 127.0
 INT8_ENUM = 1  # torch_npu's dst_type enum value of torch.int8 (the meta kernel's default)
 QINT8_ENUM = 12  # torch.qint8's ScalarType value: vllm-ascend passes torch.qint8 as `int dtype`
+# (torch binds it as 12 before the kernel sees it; torch.int8 is 1, INT8_ENUM)
 QUANTIZE = "npu_quantize"
 ADD_RMS_NORM_QUANT = "npu_add_rms_norm_quant"
 SCALE_TYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -72,8 +73,8 @@ def _require_row_vector(op: str, name: str, tensor: torch.Tensor | None, x: torc
         )
 
 
-def _add_norm(op: str, call: BoundCall, ranks: range) -> tuple[torch.Tensor, torch.Tensor]:
-    """The checked x1 + x2 (float32) and rms_norm(x1 + x2) * gamma (+ beta) in float32."""
+def _require_add_norm_inputs(op: str, call: BoundCall, ranks: range) -> None:
+    """x1 of `ranks` dimensions, float16/bfloat16; x2 like x1; gamma and beta its row vectors."""
     x1, x2 = call.x1, call.x2
     require_ndim(op, "x1", x1, ranks)
     require_dtype(op, "x1", x1, FLOAT16_TYPES)
@@ -81,7 +82,11 @@ def _add_norm(op: str, call: BoundCall, ranks: range) -> tuple[torch.Tensor, tor
         raise ValueError(f"{op}: x2 must have x1's shape {tuple(x1.shape)} and dtype {x1.dtype}")
     _require_row_vector(op, "gamma", call.gamma, x1)
     _require_row_vector(op, "beta", call.beta, x1)
-    x_sum = x1.float() + x2.float()
+
+
+def _add_norm(call: BoundCall) -> tuple[torch.Tensor, torch.Tensor]:
+    """x1 + x2 and rms_norm(x1 + x2) * gamma (+ beta), both in float32."""
+    x_sum = call.x1.float() + call.x2.float()
     y, _ = _rms_norm(x_sum, call.gamma, call.epsilon)
     return x_sum, (y if call.beta is None else y + call.beta.float())
 
@@ -121,7 +126,7 @@ def npu_dynamic_quant(call: BoundCall) -> tuple[torch.Tensor, torch.Tensor]:
 def npu_add_rms_norm_dynamic_quant(call: BoundCall):
     """(y1, y2, x_out, scale1, scale2); see the module docstring."""
     op, x1 = ADD_RMS_NORM_DYNAMIC_QUANT, call.x1
-    x_sum, y = _add_norm(op, call, range(2, 9))
+    _require_add_norm_inputs(op, call, range(2, 9))
     for name in ("smooth_scale1", "smooth_scale2"):
         _require_row_vector(op, name, call.arguments[name], x1)
     if call.y_dtype not in (None, torch.int8):
@@ -134,16 +139,13 @@ def npu_add_rms_norm_dynamic_quant(call: BoundCall):
             raise ValueError(f"{op}: a given smooth_scale needs its output_mask flag True")
     elif smooth2 is not None and smooth1 is None:
         raise ValueError(f"{op}: smooth_scale2 needs smooth_scale1 when output_mask is empty")
+    x_sum, y = _add_norm(call)
     y1, scale1 = quantize_rows(y, smooth1)
     if len(mask) == 2 and mask[1]:
         y2, scale2 = quantize_rows(y, smooth2)
     else:  # no meaning without smooth_scale2 (the meta kernel's shapes)
         y2, scale2 = y1.new_zeros((0,)), torch.zeros_like(scale1)
     return y1, y2, x_sum.to(x1.dtype), scale1, scale2
-
-
-def _int8_code(dtype: object) -> bool:
-    return dtype in (torch.qint8, torch.int8, QINT8_ENUM, INT8_ENUM)
 
 
 def _require_quant_vector(op: str, name: str, tensor, size: int, dtypes) -> None:
@@ -175,7 +177,7 @@ def npu_quantize(call: BoundCall) -> torch.Tensor:
     require_dtype(op, "self", x, SCALE_TYPES)
     if x.dim() < 1:
         raise ValueError(f"{op}: argument 'self' must have at least one dimension")
-    if not _int8_code(call.dtype):
+    if call.dtype not in (QINT8_ENUM, INT8_ENUM):  # torch passes a dtype as its value
         raise NotImplementedError(f"{op}: only int8 output (dtype torch.qint8) is emulated, got "
                                   f"{call.dtype!r}")  # fmt: skip
     last = call.axis in (-1, x.dim() - 1) or (not call.div_mode and call.axis > -2)
@@ -198,7 +200,7 @@ def npu_quantize(call: BoundCall) -> torch.Tensor:
 def npu_add_rms_norm_quant(call: BoundCall):
     """(y1 int8, y2 int8, x_out like x1); see the module docstring."""
     op, x1, gamma = ADD_RMS_NORM_QUANT, call.x1, call.gamma
-    x_sum, y = _add_norm(op, call, range(1, 9))
+    _require_add_norm_inputs(op, call, range(1, 9))
     if call.axis != -1:
         raise ValueError(f"{op}: axis must be -1, got {call.axis}")
     if call.dst_type not in (None, INT8_ENUM):
@@ -214,6 +216,7 @@ def npu_add_rms_norm_quant(call: BoundCall):
                                  f"{tuple(tensor.shape)} {tensor.dtype}")  # fmt: skip
     if call.scales2 is None and call.zero_points2 is not None:
         raise ValueError(f"{op}: zero_points2 needs scales2")
+    x_sum, y = _add_norm(call)
     y1 = quantize_static(y, call.scales1, call.zero_points1, call.div_mode)
     y2 = (torch.zeros_like(y1) if call.scales2 is None
           else quantize_static(y, call.scales2, call.zero_points2, call.div_mode))  # fmt: skip
