@@ -40,7 +40,7 @@ $(ASCEND_STAMP): setup.py requirements/vllm-0.23-cpu.txt requirements/vllm-ascen
 	PIP_CONSTRAINT= $(ASCEND_PY) -m pip install --quiet -r requirements/vllm-ascend-0.23-python.txt \
 		$(ASCEND_TORCH)
 	$(ASCEND_PY) scripts/install_vllm_ascend.py $(VLLM_ASCEND_SITE)
-	$(ASCEND_PY) -m vllm_npu_ext.emulator.host_npu
+	$(ASCEND_PY) -m vllm_npu_ext.emulator.device.host_npu
 	touch $@
 
 # PyPI's torchvision/torchaudio/torchcodec are built against the CUDA torch and break
@@ -50,7 +50,7 @@ $(STAMP): setup.py
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"
 	$(PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec || true
-	$(PY) -m vllm_npu_ext.emulator.host_npu
+	$(PY) -m vllm_npu_ext.emulator.device.host_npu
 	touch $@
 
 serve: setup

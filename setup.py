@@ -33,7 +33,9 @@ setup(
     ext_modules=EXT_MODULES,
     cmdclass=CMDCLASS,
     package_data={
-        "vllm_npu_ext": ["emulator/*.json", "templates/*.jinja", "cann_ops/**/*"]
+        "vllm_npu_ext": [
+            "emulator/**/*.json", "emulator/**/*.cpp", "templates/*.jinja", "cann_ops/**/*"
+        ]
     },
     # Neither vLLM, vllm-ascend, torch nor torch-npu is listed, in any extra: on Ascend they
     # come from vllm-ascend 0.23's image or installation guide, and pip must never replace

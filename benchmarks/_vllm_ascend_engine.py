@@ -50,8 +50,8 @@ TORCH_2_11_UNSET = ("CI",)
 # Stock vllm-ascend's attention takes half-precision KV only: ATB ReshapeAndCache writes
 # float16/bfloat16/int8 caches (CANN ATB API reference, ReshapeAndCacheOperation;
 # attention/attention_v1.py:1444), and its prefill FIA call in TND layout takes bfloat16 with
-# head_dim 128 (torch-npu 2.10.0.post4 docs, emulator/attention.py). The side-by-side runs use
-# a tiny checkpoint of those shapes, served in bfloat16, for both sides.
+# head_dim 128 (torch-npu 2.10.0.post4 docs, emulator/operators/attention.py). The side-by-side
+# runs use a tiny checkpoint of those shapes, served in bfloat16, for both sides.
 STOCK_CHECKPOINT = {"head_dim": 128, "torch_dtype": "bfloat16"}
 STOCK_ENGINE_ARGS = {"dtype": "bfloat16"}
 # vllm-ascend 0.23.0.post1's entry points (its dist-info), and our platform plugin.
@@ -104,7 +104,7 @@ def _forward_ops(run) -> dict:
     sys.path.insert(0, str(BENCHMARKS))
     from count_ops import OpCounter
 
-    from vllm_npu_ext.emulator import graphs
+    from vllm_npu_ext.emulator.device import graphs
 
     replays = graphs.stats["replays"]
     with OpCounter() as counter:
@@ -180,7 +180,8 @@ def main() -> None:
     import torch
     from vllm import LLM
 
-    from vllm_npu_ext.emulator import _runtime, graphs, host_npu
+    from vllm_npu_ext.emulator.device import graphs, host_npu
+    from vllm_npu_ext.emulator.runtime import registry as _runtime
 
     engine_args = dict(runner="pooling", convert="embed", dtype="float32", max_model_len=128,
                        enforce_eager=True, kv_cache_memory_bytes=16 << 20)  # fmt: skip

@@ -40,8 +40,8 @@ other: `STOCK_CHECKPOINT` in `_vllm_ascend_engine.py`) unless `--model` names on
 (piecewise ACL graphs captured and replayed by vllm-ascend's ACLGraphWrapper on the stand-in's
 NPUGraph): per decoder layer, the device operators the host ran between graph replays and those
 recorded in the graphs (of one capture size). Stock's graph mode runs on the stand-ins of
-vllm-ascend's operator library (`emulator/c_ascend.py`) and of its Triton QK-norm + RoPE
-operator (`emulator/ascend_triton.py`), which it needs to start.
+vllm-ascend's operator library (`emulator/operators/vllm_ascend_library.py`) and of its Triton
+QK-norm + RoPE operator (`emulator/operators/vllm_ascend_triton.py`), which it needs to start.
 """
 
 from __future__ import annotations

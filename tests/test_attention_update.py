@@ -8,7 +8,7 @@ from support.vllm_reference import lse_weighted_combine as _lse_weighted_combine
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from vllm_npu_ext import emulator as torch_npu_emulator
-from vllm_npu_ext.emulator import cann_ops as emulated_cann_ops
+from vllm_npu_ext.emulator.operators import npu_ext_cann as emulated_cann_ops
 from vllm_npu_ext.ops import attention_merge as update_module
 from vllm_npu_ext.ops import attention_update
 from vllm_npu_ext.ops.attention_merge import (

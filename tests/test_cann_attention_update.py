@@ -29,7 +29,7 @@ from vllm_npu_ext.cann_ops.npu_ext_attention_update.torch_binding import (
     extension_build,
     torchair_converter,
 )
-from vllm_npu_ext.emulator import cann_ops as emulated_cann_ops
+from vllm_npu_ext.emulator.operators import npu_ext_cann as emulated_cann_ops
 from vllm_npu_ext.ops import attention_merge as public
 from vllm_npu_ext.selfcheck.tolerances import op_tolerance
 

@@ -27,7 +27,7 @@ from support.vllm_reference import lse_weighted_combine as _lse_weighted_combine
 
 from vllm_npu_ext.cann_ops.npu_ext_attention_update.host_kernel import build, library
 from vllm_npu_ext.cann_ops.npu_ext_attention_update.tests import golden
-from vllm_npu_ext.emulator import cann_ops as emulated_cann_ops
+from vllm_npu_ext.emulator.operators import npu_ext_cann as emulated_cann_ops
 from vllm_npu_ext.selfcheck.tolerances import op_tolerance
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]

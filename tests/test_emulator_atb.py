@@ -1,7 +1,7 @@
-"""The torch_npu stand-in's ATB operators (vllm_npu_ext/emulator/atb.py), against independent
-formulations: transformers' rotary embedding (neox halves), complex multiplication (interleaved
-pairs), MindSpeed's documented decomposition of `_npu_matmul_add_fp32`, and a token-by-token
-loop for `_npu_reshape_and_cache`."""
+"""The torch_npu stand-in's ATB operators (vllm_npu_ext/emulator/operators/atb.py), against
+independent formulations: transformers' rotary embedding (neox halves), complex multiplication
+(interleaved pairs), MindSpeed's documented decomposition of `_npu_matmul_add_fp32`, and a
+token-by-token loop for `_npu_reshape_and_cache`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers.models.qwen3.modeling_qwen3 import apply_rotary_pos_emb
 
-from vllm_npu_ext.emulator import atb
+from vllm_npu_ext.emulator.operators import atb
 
 HEAD, MAX_POS = 16, 64
 

@@ -1,5 +1,5 @@
-"""The emulated `npu_format_cast` (emulator/format_cast.py): what vllm-ascend calls on linear
-weights after loading (`maybe_trans_nz`), against the torch-npu 2.10.0.post4 contract."""
+"""The emulated `npu_format_cast` (emulator/operators/format_cast.py): what vllm-ascend calls on
+linear weights after loading (`maybe_trans_nz`), against the torch-npu 2.10.0.post4 contract."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import torch
 from support.dispatch_record import RecordOps
 
 from vllm_npu_ext import emulator as emu
-from vllm_npu_ext.emulator import _schema
-from vllm_npu_ext.emulator.format_cast import ACL_FORMAT_FRACTAL_NZ, ACL_FORMAT_ND
+from vllm_npu_ext.emulator.operators.format_cast import ACL_FORMAT_FRACTAL_NZ, ACL_FORMAT_ND
+from vllm_npu_ext.emulator.runtime import schema as _schema
 
 BF16 = torch.bfloat16
 

@@ -1,4 +1,4 @@
-"""The emulated quantisation operators (emulator/quant.py) against the documented formulas
+"""The emulated quantisation operators (emulator/operators/quant.py) against the documented formulas
 written out in float64 (torch-npu 2.10.0.post4 `_op_plugin_docs.py`: npu_dynamic_quant
 :4614-4623, scale = rowMax(|x * smooth|) / 127, y = round(x * smooth / scale); npu_quantize
 :11297-11299, y = input * scales + zero_points, or input / scales + zero_points in div_mode;

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_npu_ext.emulator import _strict, device
+from vllm_npu_ext.emulator.device import npu as device
+from vllm_npu_ext.emulator.runtime import strict as _strict
 
 
 @pytest.fixture
@@ -29,7 +30,7 @@ def test_names_read_from_outside_are_recorded(npu):
 def test_name_only_classes_refuse_to_be_built(npu):
     with pytest.raises(NotImplementedError, match=npu.ExternalEvent.qualified_name):
         npu.ExternalEvent()
-    # Graph capture is implemented (emulator/graphs.py, tests/npu_device/test_graphs.py); its
+    # Graph capture is implemented (emulator/device/graphs.py, tests/npu_device/test_graphs.py); its
     # context manager checks what it is given.
     with pytest.raises(TypeError, match="must be an NPUGraph"):
         npu.graph(None)

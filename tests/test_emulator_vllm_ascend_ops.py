@@ -1,7 +1,7 @@
 """The stand-in's versions of vllm-ascend's own operators, which stock vllm-ascend needs where
 its compiled library and triton-ascend are absent: `_C_ascend::npu_add_rms_norm_bias`
-(emulator/c_ascend.py, vllm-ascend's `csrc/moe/add_rms_norm_bias` kernel) and
-`vllm::qkv_rmsnorm_rope` (emulator/ascend_triton.py, its Triton kernel
+(emulator/operators/vllm_ascend_library.py, vllm-ascend's `csrc/moe/add_rms_norm_bias` kernel) and
+`vllm::qkv_rmsnorm_rope` (emulator/operators/vllm_ascend_triton.py, its Triton kernel
 `split_qkv_rmsnorm_rope_kernel`), each against its formula written out token by token, with
 the kernel's rounding steps, and their refusals."""
 
@@ -10,7 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_npu_ext.emulator import _runtime, ascend_triton, c_ascend
+from vllm_npu_ext.emulator.operators import vllm_ascend_library as c_ascend
+from vllm_npu_ext.emulator.operators import vllm_ascend_triton as ascend_triton
+from vllm_npu_ext.emulator.runtime import registry as _runtime
 
 BF16 = torch.bfloat16
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from vllm_npu_ext import emulator
-from vllm_npu_ext.emulator import cann_ops as emulated_cann_ops
+from vllm_npu_ext.emulator.operators import npu_ext_cann as emulated_cann_ops
 from vllm_npu_ext.ops import activation, attention, rotary
 from vllm_npu_ext.ops.packed import PackedSeqs
 from vllm_npu_ext.selfcheck.parity_cases import randn

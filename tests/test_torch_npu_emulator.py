@@ -12,7 +12,7 @@ import torch
 from support.dispatch_record import RecordOps
 
 from vllm_npu_ext import emulator as emu
-from vllm_npu_ext.emulator import _schema
+from vllm_npu_ext.emulator.runtime import schema as _schema
 from vllm_npu_ext.ops import dispatch
 
 MASK = torch.triu(torch.ones(2048, 2048, dtype=torch.bool), diagonal=1)
@@ -300,7 +300,7 @@ def test_calls_are_counted_per_operator():
 def test_an_emulated_operator_is_one_opaque_torch_operator(monkeypatch):
     """As with torch_npu, callers see one `npu::` operator, never the emulator's own aten ops;
     inside_operator() is True only while its CPU kernel runs."""
-    from vllm_npu_ext.emulator import norm
+    from vllm_npu_ext.emulator.operators import norm
 
     x, gamma = rand(3, 8), rand(8)
     inside = []
@@ -321,7 +321,8 @@ def test_operators_are_registered_with_the_wheels_schema_strings(op):
 
 
 def test_registration_is_safe_to_repeat():
-    from vllm_npu_ext.emulator import _runtime, pointwise
+    from vllm_npu_ext.emulator.operators import pointwise
+    from vllm_npu_ext.emulator.runtime import registry as _runtime
 
     _runtime.register_operator("npu_swiglu", lambda call: 1 / 0)  # kept: the first one stays
     emu.reset_counts()

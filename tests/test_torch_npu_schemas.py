@@ -12,7 +12,7 @@ import pytest
 from support.scripts import load_script
 
 from vllm_npu_ext import emulator as emu
-from vllm_npu_ext.emulator import _schema
+from vllm_npu_ext.emulator.runtime import schema as _schema
 
 extractor = load_script("scripts/extract_torch_npu_schemas.py")
 

@@ -1,4 +1,4 @@
-"""The stand-in's host-backed `npu` device (vllm_npu_ext/emulator/host_npu), installed.
+"""The stand-in's host-backed `npu` device (vllm_npu_ext/emulator/device/host_npu), installed.
 
 Installing renames torch's PrivateUse1 backend `npu` for the rest of the process, so these
 tests run in a pytest process of their own: tests/test_npu_device.py starts it on each stack's

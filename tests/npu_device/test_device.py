@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_npu_ext.emulator import host_npu
+from vllm_npu_ext.emulator.device import host_npu
 
 NPU = torch.device("npu", 0)
 

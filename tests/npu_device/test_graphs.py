@@ -1,4 +1,4 @@
-"""NPU graph capture and replay on the host-backed device (vllm_npu_ext/emulator/graphs.py).
+"""NPU graph capture and replay on the host-backed device (vllm_npu_ext/emulator/device/graphs.py).
 
 A replay runs the captured device work again on the captured memory with the captured host
 parameters: new inputs copied into the captured buffers give new results in the captured
@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch_npu
 
-from vllm_npu_ext.emulator import graphs
+from vllm_npu_ext.emulator.device import graphs
 
 
 def capture(fn, *args, pool=None):
@@ -147,7 +147,7 @@ def test_npugraph_ex_registration_as_torch_npu_leaves_it():
 
     npugraph_ex.register_replacement(search_fn=search, replace_fn=replace,
                                      example_inputs=[torch.randn(4, device="npu")])  # fmt: skip
-    from vllm_npu_ext.emulator import npugraph_ex as stand_in
+    from vllm_npu_ext.emulator.device import npugraph_ex as stand_in
 
     assert len(stand_in.pattern_pass().patterns) >= 1
     with pytest.raises(AttributeError, match="npugraph_ex.CompilerConfig is not implemented"):

@@ -9,8 +9,8 @@ import torch
 
 from vllm_npu_ext import emulator as emu
 from vllm_npu_ext.cann_ops import binding
-from vllm_npu_ext.emulator import cann_ops as emulated_cann_ops
-from vllm_npu_ext.emulator import host_npu
+from vllm_npu_ext.emulator.device import host_npu
+from vllm_npu_ext.emulator.operators import npu_ext_cann as emulated_cann_ops
 
 BF16 = torch.bfloat16
 MASK = torch.triu(torch.ones(2048, 2048, dtype=torch.bool), diagonal=1)

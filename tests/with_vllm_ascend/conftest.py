@@ -55,7 +55,8 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 def pytest_terminal_summary(terminalreporter):
     """The torch_npu / torch.npu names the code under test read in this process (evidence of
     what vllm-ascend needs from torch_npu on these paths; spawned ranks are not counted)."""
-    from vllm_npu_ext.emulator import _runtime, _strict
+    from vllm_npu_ext.emulator.runtime import registry as _runtime
+    from vllm_npu_ext.emulator.runtime import strict as _strict
 
     names = sorted(_strict.touched)
     operators = sorted(op for op, count in _runtime.calls.items() if count)

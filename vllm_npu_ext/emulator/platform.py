@@ -27,9 +27,8 @@ _ORIGINAL = "__vllm_npu_ext_emulator_original__"
 
 
 def _emulating() -> bool:
-    from vllm_npu_ext import emulator
-
-    return sys.modules.get("torch_npu") is emulator
+    """Whether `torch_npu` is this package (the emulator), by name: no import back up."""
+    return getattr(sys.modules.get("torch_npu"), "__name__", None) == __package__
 
 
 def _keep_weight(original):

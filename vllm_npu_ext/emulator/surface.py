@@ -4,10 +4,10 @@
 2.10.0.post4 `torch_npu/__init__.py`): the PrivateUse1 backend becomes the `npu` device
 (`host_npu`: a C++ backend whose memory is host memory, so `torch.empty(..., device="npu")`,
 copies, views and every aten operator work on `npu` tensors), the `torch.npu` device module
-is registered (`device.py`, also `torch_npu.npu`), `torch_npu._C` and
+is registered (`device/npu.py`, also `torch_npu.npu`), `torch_npu._C` and
 `torch_npu._C._distributed_c10d` exist with the names vllm-ascend reads (and CANN's `acl.rt`,
 which its sleep-mode allocator imports), and the `hccl`
-process-group backend exists (`collectives.py`: gloo, for host and npu tensors), so vLLM's
+process-group backend exists (`device/collectives.py`: gloo, for host and npu tensors), so vLLM's
 and vllm-ascend's HCCL groups run between host processes. Operators registered only for the
 NPU's dispatch key (vLLM registers its own for the platform's key) also run on CPU tensors,
 through a CPU backend fallback (`_npu_kernel_on_host`). The renaming cannot be undone, so the
@@ -24,8 +24,10 @@ from types import ModuleType
 
 import torch
 
-from . import ascend_triton, c_ascend, collectives, device, graphs, npugraph_ex, triton_kernels
-from ._strict import not_emulated, strict_module
+from .device import collectives, graphs, npugraph_ex
+from .device import npu as device
+from .operators import vllm_ascend_library, vllm_ascend_triton, vllm_triton
+from .runtime.strict import not_emulated, strict_module
 
 _installed: list[ModuleType] = []
 _libraries: list[torch.library.Library] = []  # kept alive: dropping one unregisters it
@@ -163,8 +165,8 @@ def install(torch_npu: ModuleType) -> ModuleType:
     fallback.fallback(_npu_kernel_on_host, "CPU", with_keyset=True)
     _libraries.append(fallback)
     collectives.register()
-    triton_kernels.install()  # vLLM's Triton kernels, where it has no Triton backend
-    c_ascend.install()  # vllm-ascend's operator library, where it has none on disk
-    ascend_triton.install()  # vllm-ascend's Triton operators, where it registers none
+    vllm_triton.install()  # vLLM's Triton kernels, where it has no Triton backend
+    vllm_ascend_library.install()  # vllm-ascend's operator library, where it has none on disk
+    vllm_ascend_triton.install()  # vllm-ascend's Triton operators, where it registers none
     _installed.append(npu)
     return npu

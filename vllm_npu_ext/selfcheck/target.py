@@ -57,7 +57,7 @@ def open_target(emulate: bool) -> Iterator[Target]:
         yield Target(dispatch.npu_ops_for_device(device), device, emulated=False)
         return
     from vllm_npu_ext import emulator
-    from vllm_npu_ext.emulator import cann_ops as emulated_cann_ops
+    from vllm_npu_ext.emulator.operators import npu_ext_cann as emulated_cann_ops
 
     cpu = torch.device("cpu")
     register_custom = not binding.custom_kernel_available(cpu)  # leave a kernel someone else owns

@@ -11,7 +11,7 @@ import dataclasses
 
 import torch
 
-from ._checks import require_ndim, sequence_lengths
+from ..runtime.checks import require_ndim, sequence_lengths
 
 
 @dataclasses.dataclass

@@ -10,9 +10,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._checks import FLOAT_TYPES, require_choice, require_contiguous, require_dtype, require_ndim
-from ._runtime import emulated_operator
-from ._schema import BoundCall
+from ..runtime.checks import (
+    FLOAT_TYPES,
+    require_choice,
+    require_contiguous,
+    require_dtype,
+    require_ndim,
+)
+from ..runtime.registry import emulated_operator
+from ..runtime.schema import BoundCall
 
 ROTARY_MUL = "npu_rotary_mul"
 SWIGLU = "npu_swiglu"

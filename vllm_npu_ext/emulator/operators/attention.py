@@ -27,15 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from ._attention_math import (
-    Packed,
-    pack,
-    require_visible_keys,
-    unpack_output,
-    unpack_rows,
-    varlen_attention,
-)
-from ._checks import (
+from ..runtime.checks import (
     FLOAT16_TYPES,
     FLOAT_TYPES,
     require_choice,
@@ -45,8 +37,16 @@ from ._checks import (
     require_real_scale,
     require_same_dtype,
 )
-from ._runtime import emulated_operator
-from ._schema import BoundCall
+from ..runtime.registry import emulated_operator
+from ..runtime.schema import BoundCall
+from .attention_math import (
+    Packed,
+    pack,
+    require_visible_keys,
+    unpack_output,
+    unpack_rows,
+    varlen_attention,
+)
 
 FIA = "npu_fused_infer_attention_score"
 FA = "npu_fusion_attention"

@@ -5,8 +5,8 @@ of the compiler (path and version), the flags, the source's bytes, torch's versi
 directory of the torch libraries it links (two environments with the same torch version get
 two builds). A file lock makes concurrent processes (spawned ranks) build once; the library is
 written under a temporary name and renamed. `make setup`/`setup-ascend` build it ahead
-(`python -m vllm_npu_ext.emulator.host_npu`); otherwise the first process that installs the
-stand-in does (about 25 s on 2 cores).
+(`python -m vllm_npu_ext.emulator.device.host_npu`); otherwise the first process that installs
+the stand-in does (about 25 s on 2 cores).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def compiler() -> str:
     if path is None:
         raise CompilerMissing(
             f"C++ compiler {name!r} not found on PATH: the torch_npu stand-in's host-backed npu "
-            "device (vllm_npu_ext/emulator/host_npu/host_npu.cpp) needs a C++17 compiler "
+            "device (vllm_npu_ext/emulator/device/host_npu/host_npu.cpp) needs a C++17 compiler "
             "(install g++, or set CXX to one)"
         )
     return path

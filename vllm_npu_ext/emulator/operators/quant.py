@@ -47,9 +47,9 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import FLOAT16_TYPES, require_dtype, require_ndim
-from ._runtime import emulated_operator
-from ._schema import BoundCall
+from ..runtime.checks import FLOAT16_TYPES, require_dtype, require_ndim
+from ..runtime.registry import emulated_operator
+from ..runtime.schema import BoundCall
 from .norm import _rms_norm
 
 DYNAMIC_QUANT = "npu_dynamic_quant"

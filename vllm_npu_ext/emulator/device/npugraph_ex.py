@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from types import ModuleType
 
-from ._strict import strict_module
+from ..runtime.strict import strict_module
 
 logger = logging.getLogger("npugraph_ex")
 _pass_dict = None

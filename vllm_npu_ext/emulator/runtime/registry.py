@@ -7,11 +7,11 @@ schema strings of the torch-npu wheel (`torch_npu_schemas.json`), exactly as tor
 defines its own (its `torch_npu.npu_xxx` is `torch.ops.npu.npu_xxx`, `utils/custom_ops.py`
 of the 2.10.0.post4 wheel). The emulator registers a CPU kernel (the contract checks and the
 float32 math) and a fake kernel giving the output shapes of the wheel's meta registrations
-(`_fake.py`). So torch binds every argument, and `torch.compile` traces each call as one
+(`fake.py`). So torch binds every argument, and `torch.compile` traces each call as one
 opaque operator, as it does the real ones.
 
 The public function `npu_xxx(...)` first runs, in eager mode only, the emulator's own stricter
-binder (`_schema.bind`: TypeError naming the argument, host-side int lists instead of tensors,
+binder (`schema.bind`: TypeError naming the argument, host-side int lists instead of tensors,
 every tensor on one device: the CPU, or the stand-in's host-backed `npu` device), then calls
 `torch.ops.npu.npu_xxx`. Calls are counted and corrupted inside the CPU kernel, so each
 execution counts once, eager or compiled (a compiled graph calls the kernel, never the public
@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
-from . import _fake
-from ._schema import BoundCall, bind, bind_overload, overloads
+from .fake import FAKE_KERNELS
+from .schema import BoundCall, bind, bind_overload, overloads
 
 NAMESPACE = "npu"
 # Operator name -> number of calls (every call that reached the operator's kernel, accepted or
@@ -113,7 +113,7 @@ def register_operator(
             _library().define(schema["schema"])
         if not torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "CPU"):
             _library().impl(name, _cpu_kernel(op, overload, impl, emulated), "CPU")
-        fake = _fake.FAKE_KERNELS.get(name)
+        fake = FAKE_KERNELS.get(name)
         if fake is not None and not torch._C._dispatch_has_kernel_for_dispatch_key(
             qualified, "Meta"
         ):

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import FLOAT_TYPES, require_dtype, require_ndim, require_same_dtype
-from ._runtime import emulated_operator
-from ._schema import BoundCall
+from ..runtime.checks import FLOAT_TYPES, require_dtype, require_ndim, require_same_dtype
+from ..runtime.registry import emulated_operator
+from ..runtime.schema import BoundCall
 
 RMS_NORM = "npu_rms_norm"
 ADD_RMS_NORM = "npu_add_rms_norm"

@@ -11,7 +11,7 @@ is 2; other dtypes unless it is 0; everything on 310P).
 
 Operators read a tensor through its logical shape whatever its storage format (npu_linear
 takes input and weight in "[ND, NHWC, FRACTAL_NZ]", `_op_plugin_docs.py`:2819-2820), and the
-host keeps every tensor in ND (`torch.npu.config`, `device.py`), so the emulated cast returns
+host keeps every tensor in ND (`torch.npu.config`, `device/npu.py`), so the emulated cast returns
 a contiguous copy with the input's shape, dtype and values. ND (2) and FRACTAL_NZ (29) are
 emulated; the other documented formats (convolution layouts such as NC1HWC0, with shape rules
 of their own) raise NotImplementedError, values outside `Format` ValueError. `customize_dtype`
@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import require_choice
-from ._runtime import emulated_operator
-from ._schema import BoundCall
+from ..runtime.checks import require_choice
+from ..runtime.registry import emulated_operator
+from ..runtime.schema import BoundCall
 
 FORMAT_CAST = "npu_format_cast"
 ACL_FORMAT_ND = 2

@@ -31,7 +31,7 @@ stand-in is installed. Importing it defines, verbatim from vllm-ascend 0.23.0.po
   does not exist.
 
 Any other `_C_ascend` operator is absent: `torch.ops._C_ascend.<name>` raises AttributeError
-naming it. Calls are counted in `_runtime.calls` under `_C_ascend.<name>`.
+naming it. Calls are counted in `runtime.registry.calls` under `_C_ascend.<name>`.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ import types
 
 import torch
 
-from ._runtime import calls
+from ..runtime.registry import calls
 
 NAMESPACE = "_C_ascend"
 MODULE = "vllm_ascend.vllm_ascend_C"

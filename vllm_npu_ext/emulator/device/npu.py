@@ -4,8 +4,8 @@ The device is the host: `npu` tensors are host memory (`host_npu`, which also ho
 current device index and count), and host kernels run synchronously, so streams and events
 keep their ordering semantics trivially (work submitted to any stream has completed when the
 call returns; `query()` is True). What is here is what vllm-ascend 0.23's code reads on the
-paths the tests run; everything else raises AttributeError naming it (`_strict`). Graph
-capture and replay (`NPUGraph`, `graph`, `graph_pool_handle`) are `graphs`'; `ExternalEvent`
+paths the tests run; everything else raises AttributeError naming it (`runtime.strict`). Graph
+capture and replay (`NPUGraph`, `graph`, `graph_pool_handle`) are `graphs`'s; `ExternalEvent`
 exists as a name for annotations and raises NotImplementedError when used.
 
 Memory figures are the device allocator's (`host_npu`'s ledger of live npu allocations and their
@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
+from ..runtime.strict import not_emulated, strict_module
 from . import graphs, host_npu
-from ._strict import not_emulated, strict_module
 
 NAME = "torch.npu"
 

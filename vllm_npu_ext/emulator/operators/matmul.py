@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._checks import (
+from ..runtime.checks import (
     FLOAT_TYPES,
     require_choice,
     require_contiguous,
@@ -20,8 +20,8 @@ from ._checks import (
     require_ndim,
     require_same_dtype,
 )
-from ._runtime import emulated_operator
-from ._schema import BoundCall
+from ..runtime.registry import emulated_operator
+from ..runtime.schema import BoundCall
 
 GROUPED_MATMUL = "npu_grouped_matmul"
 LINEAR = "npu_linear"

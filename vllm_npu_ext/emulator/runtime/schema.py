@@ -3,7 +3,7 @@
 The JSON is extracted from the torch-npu wheel by `scripts/extract_torch_npu_schemas.py`, so
 the emulator's signatures (argument order, keyword-only arguments, defaults, types) follow the
 real operators as data: when the schema changes, binding changes with it. The same strings
-define the emulated torch operators (`_runtime.register_operator`), whose CPU and fake kernels
+define the emulated torch operators (`registry.register_operator`), whose CPU and fake kernels
 use `bind_overload` to name the arguments torch passes them.
 """
 

@@ -14,7 +14,7 @@ The stand-in registers the operator as vllm-ascend does (`ops/triton/linearnorm/
 split_qkv_rmsnorm_rope.py:364-390`: `direct_register_custom_op`, no mutated arguments, the
 PrivateUse1 key, the same fake), and computes the kernel's arithmetic
 (`split_qkv_rmsnorm_rope_kernel`, :25-266) in PyTorch as one operator, the one launch it is
-on the device. Counted in `_runtime.calls` as `vllm.qkv_rmsnorm_rope`. From the kernel:
+on the device. Counted in `runtime.registry.calls` as `vllm.qkv_rmsnorm_rope`. From the kernel:
 
 - input `[T, q_hidden + 2 * kv_hidden]` bfloat16 (q, k, v side by side); each q and k head
   of `head_dim` is RMS-normalised in float32 (`rstd = 1 / sqrt(sum(x^2) / head_dim + eps)`),
@@ -36,7 +36,7 @@ import importlib.util
 
 import torch
 
-from ._runtime import calls
+from ..runtime.registry import calls
 
 OP = "qkv_rmsnorm_rope"
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ._schema import BoundCall, bind_overload
+from .schema import BoundCall, bind_overload
 
 # input_layout -> (query layout, attention_out layout, query rank), M:1747-1776.
 FIA_LAYOUTS = {

@@ -33,7 +33,7 @@ from collections.abc import Callable
 
 import torch
 
-from ._runtime import calls
+from ..runtime.registry import calls
 
 KERNELS: dict[str, Callable[..., None]] = {}
 

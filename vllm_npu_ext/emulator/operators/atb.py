@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from ._runtime import calls
+from ..runtime.registry import calls
 
 HALF_TYPES = (torch.float16, torch.bfloat16)
 CACHE_TYPES = (*HALF_TYPES, torch.int8)

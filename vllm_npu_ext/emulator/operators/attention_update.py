@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import FLOAT_TYPES, require_choice, require_dtype, require_ndim
-from ._runtime import emulated_operator
-from ._schema import BoundCall
+from ..runtime.checks import FLOAT_TYPES, require_choice, require_dtype, require_ndim
+from ..runtime.registry import emulated_operator
+from ..runtime.schema import BoundCall
 
 ATTENTION_UPDATE = "npu_attention_update"
 MAX_SP = 16
