@@ -9,7 +9,7 @@ the torch_npu stand-in (host-backed `npu` device); writes what the tests check a
 platform plugin kept (it only installs the stand-in here). Results: the worker's, runner's and
 model's classes, the device of the model's parameters, the KV cache as the runner allocated it
 (bytes of `runner.kv_caches` tensors, and the device allocator's bytes), the embeddings, and the
-device operators the first decoder layer ran for one text (count_ops.py's counter), with the
+device operators the first decoder layer ran for one text (op_counter.py's counter), with the
 torch_npu stand-in's operator calls of that forward; the texts embedded again one per step
 (other sequence boundaries and padded sizes); and, in graph mode (`--engine-args
 '{"enforce_eager": false}'`), the NPU graphs vllm-ascend's ACLGraphWrapper captured and replayed
@@ -73,10 +73,10 @@ def _tensor_bytes(value) -> int:
 
 def _layer_ops(model, run) -> dict[str, int]:
     """The device operators of the first decoder layer's forward during `run()`, counted by
-    benchmarks/count_ops.py's counter (views and bare allocations excluded; a torch_npu
+    benchmarks/op_counter.py's counter (views and bare allocations excluded; a torch_npu
     operator is one operator)."""
     sys.path.insert(0, str(BENCHMARKS))
-    from count_ops import OpCounter
+    from op_counter import OpCounter
 
     counter = OpCounter()
     layer = model.model.layers[model.model.start_layer]
@@ -98,11 +98,11 @@ def _layer_ops(model, run) -> dict[str, int]:
 
 
 def _forward_ops(run) -> dict:
-    """Device operators the host dispatched during `run()` (count_ops.py's counter) and the
+    """Device operators the host dispatched during `run()` (op_counter.py's counter) and the
     NPU graphs replayed meanwhile: in graph mode, the eager operators between replays (a
     replay is one launch; its operators are not the host's)."""
     sys.path.insert(0, str(BENCHMARKS))
-    from count_ops import OpCounter
+    from op_counter import OpCounter
 
     from vllm_npu_ext.emulator.device import graphs
 
@@ -126,7 +126,7 @@ DEVICE_OPS = ("torch_npu.", "vllm_npu_ext.", "_C_ascend.", "vllm.", "triton_kern
 
 def graph_entry(results: dict) -> dict:
     """A model under vllm-ascend's ACL graphs (piecewise): per decoder layer, the device
-    operators the host ran eagerly between graph replays (count_ops.py's counter), and those
+    operators the host ran eagerly between graph replays (op_counter.py's counter), and those
     recorded in each captured graph set (one capture size: the captures' operators divided by
     the number of capture sizes). Operators that run once per forward (the final norm, the
     embedding's reduce, the slot mapping) show as 1 / layers."""

@@ -55,67 +55,14 @@ from collections import Counter
 from pathlib import Path
 
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from op_counter import OpCounter  # noqa: E402
 
-# Allocations and reshapes that move no data launch no device work.
-FREE_OPS = {
-    "empty.memory_format", "empty_like.default", "empty_strided.default", "_unsafe_view.default",
-}
 TARGET_PER_LAYER = 12
 # Added to vLLM's default splitting ops by vllm-ascend 0.23 in PIECEWISE mode.
 VLLM_ASCEND_SPLITTING_OPS = ("vllm::mla_forward", "vllm::dsa_forward")
-
-
-class OpCounter(TorchDispatchMode):
-    """Counts operators, under the name of the graph piece running (`piece`).
-
-    A torch_npu operator counts once (what it does inside is the device's). Our own Python
-    ops (`vllm_npu_ext::`) count once as operators, and the operators they issue are counted
-    apart, as `device_ops` of the piece.
-    """
-
-    def __init__(self):
-        super().__init__()
-        self.ops: Counter[str] = Counter()
-        self.by_piece: dict[str, Counter[str]] = {}
-        self.device_ops: dict[str, Counter[str]] = {}
-        self.piece: str | None = None
-        self._inside: str | None = None
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if not _launches_work(func):
-            return func(*args, **kwargs)
-        name = _op_name(func)
-        if self._inside is not None:  # issued by one of our ops
-            self.device_ops.setdefault(self.piece, Counter())[name] += 1
-            return func(*args, **kwargs)
-        self.ops[name] += 1
-        if self.piece is not None:
-            self.by_piece.setdefault(self.piece, Counter())[name] += 1
-        if func.namespace != "vllm_npu_ext":
-            return func(*args, **kwargs)
-        self._inside = name
-        try:
-            with self:  # its kernel (one for every backend), with its operators seen
-                return func._op_dk(torch._C.DispatchKey.CompositeExplicitAutograd, *args, **kwargs)
-        finally:
-            self._inside = None
-
-
-def _op_name(func) -> str:
-    namespace = {"npu": "torch_npu"}.get(func.namespace, func.namespace)
-    return f"{namespace}.{func._opname}" if namespace != "aten" else f"aten.{func.__name__}"
-
-
-def _launches_work(func) -> bool:
-    """False for views (a result aliasing an input, unwritten) and bare allocations."""
-    if func.__name__ in FREE_OPS:
-        return False
-    returns = func._schema.returns
-    return not any(r.alias_info is not None and not r.alias_info.is_write for r in returns)
 
 
 def count_layer_ops(model, fusions, tokens: list[int]) -> dict:
