@@ -14,8 +14,9 @@ from support.engines import KV_CACHE_BYTES, PARITY_TEXTS
 from support.hf_oracle import cosines, hf_embeddings
 from torch import nn
 
-from vllm_npu_ext.model_executor.layers import cpu_matmul
-from vllm_npu_ext.model_executor.layers.cpu_matmul import SWITCH, Float32MatmulLinearMethod
+from vllm_npu_ext.model_executor.layers import cpu_matmul_choice
+from vllm_npu_ext.model_executor.layers.cpu_matmul import Float32MatmulLinearMethod
+from vllm_npu_ext.model_executor.layers.cpu_matmul_choice import SWITCH
 from vllm_npu_ext.selfcheck.tolerances import min_embedding_cosine
 
 BF16_CONFIG = "gqa4_bf16"  # support.engines.ENGINE_CONFIGS: head_dim 128, 8 q / 2 kv heads
@@ -24,39 +25,39 @@ BF16_CONFIG = "gqa4_bf16"  # support.engines.ENGINE_CONFIGS: head_dim 128, 8 q /
 @pytest.mark.parametrize("value", ["auto", "1", "0"])
 def test_never_on_the_npu_path_nor_for_float32_models(monkeypatch, value):
     monkeypatch.setenv(SWITCH, value)
-    assert cpu_matmul.choose(torch.bfloat16, cpu_platform_path=False) == (
+    assert cpu_matmul_choice.choose(torch.bfloat16, cpu_platform_path=False) == (
         False, "not the CPU platform path",
     )  # fmt: skip
-    assert cpu_matmul.choose(torch.float32, cpu_platform_path=True)[0] is False
+    assert cpu_matmul_choice.choose(torch.float32, cpu_platform_path=True)[0] is False
 
 
 def test_the_switch_forces_either_way(monkeypatch):
     monkeypatch.setenv(SWITCH, "1")
-    assert cpu_matmul.choose(torch.bfloat16, True) == (True, f"{SWITCH}=1")
+    assert cpu_matmul_choice.choose(torch.bfloat16, True) == (True, f"{SWITCH}=1")
     monkeypatch.setenv(SWITCH, "0")
-    assert cpu_matmul.choose(torch.float16, True) == (False, f"{SWITCH}=0")
+    assert cpu_matmul_choice.choose(torch.float16, True) == (False, f"{SWITCH}=0")
 
 
 def test_auto_follows_the_cpus_native_support(monkeypatch):
     monkeypatch.delenv(SWITCH, raising=False)
     for dtype in (torch.bfloat16, torch.float16):
-        on, why = cpu_matmul.choose(dtype, True)
+        on, why = cpu_matmul_choice.choose(dtype, True)
         x86 = platform.machine().lower() in ("x86_64", "amd64")
-        assert on == (x86 and not cpu_matmul.native_half_matmul(dtype)), why
+        assert on == (x86 and not cpu_matmul_choice.native_half_matmul(dtype)), why
         assert why.startswith("auto: ")
-    monkeypatch.setattr(cpu_matmul, "native_half_matmul", lambda dtype: True)
-    monkeypatch.setattr(cpu_matmul.platform, "machine", lambda: "x86_64")
-    assert cpu_matmul.choose(torch.bfloat16, True) == (
+    monkeypatch.setattr(cpu_matmul_choice, "native_half_matmul", lambda dtype: True)
+    monkeypatch.setattr(cpu_matmul_choice.platform, "machine", lambda: "x86_64")
+    assert cpu_matmul_choice.choose(torch.bfloat16, True) == (
         False, "auto: this CPU multiplies torch.bfloat16 natively",
     )  # fmt: skip
-    monkeypatch.setattr(cpu_matmul.platform, "machine", lambda: "aarch64")
-    assert cpu_matmul.choose(torch.bfloat16, True)[0] is False
+    monkeypatch.setattr(cpu_matmul_choice.platform, "machine", lambda: "aarch64")
+    assert cpu_matmul_choice.choose(torch.bfloat16, True)[0] is False
 
 
 def test_an_unknown_value_names_the_variable(monkeypatch):
     monkeypatch.setenv(SWITCH, "yes")
     with pytest.raises(ValueError, match=SWITCH):
-        cpu_matmul.choose(torch.bfloat16, True)
+        cpu_matmul_choice.choose(torch.bfloat16, True)
 
 
 def _layer(dtype, bias: bool) -> nn.Module:
@@ -106,7 +107,7 @@ def bf16_platform_run(worker_pool, engine_runs, tmp_path_factory):
 
 
 def test_bf16_engine_says_whether_it_multiplies_in_float32(bf16_platform_run):
-    on, why = cpu_matmul.choose(torch.bfloat16, cpu_platform_path=True)
+    on, why = cpu_matmul_choice.choose(torch.bfloat16, cpu_platform_path=True)
     log = bf16_platform_run["log"]
     assert "backend: platform kernels (cpu)" in log
     assert ("projections in float32" in log) == on, why

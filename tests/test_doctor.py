@@ -281,3 +281,25 @@ def test_a_broken_or_missing_binding_is_a_problem(doctor_env, capsys, binding, k
     code, out = run_doctor(capsys)
     assert code == 1
     assert fix in out and "vllm-npu-ext build-ops --binding-only" in out
+
+
+def test_the_cpu_float32_matmul_decision_is_the_models(doctor_env, capsys):
+    """The doctor states, per half dtype, what the model's build would decide here: the CPU
+    platform path without an NPU, not under the emulator; an unknown value is a problem."""
+    import torch
+
+    from vllm_npu_ext.model_executor.layers import cpu_matmul_choice
+
+    code, out = run_doctor(capsys, "--json")
+    decisions = json.loads(out)["cpu_float32_matmul"]
+    assert code == 0 and set(decisions) == {"bfloat16", "float16"}
+    for dtype in (torch.bfloat16, torch.float16):
+        on, why = cpu_matmul_choice.choose(dtype, cpu_platform_path=True)
+        assert decisions[str(dtype).removeprefix("torch.")] == {"on": on, "why": why}
+    doctor_env.setenv("VLLM_NPU_EXT_EMULATE", "1")
+    code, out = run_doctor(capsys)
+    line = "CPU float32 matmul: bfloat16 off (not the CPU platform path), float16 off ("
+    assert code == 0 and line in out
+    doctor_env.setenv(cpu_matmul_choice.SWITCH, "yes")
+    code, out = run_doctor(capsys)
+    assert code == 1 and f"{cpu_matmul_choice.SWITCH} must be one of" in out

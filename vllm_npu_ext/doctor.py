@@ -5,8 +5,9 @@ on: `ascend_stack`), whether an NPU is usable, whether the torch binding of our 
 built and loads, where our custom op package is, the effective `ASCEND_CUSTOM_OPP_PATH` and
 `LD_LIBRARY_PATH` after the bootstrap (and after vllm-ascend's own prepend of its vendor
 directory, which its platform does in every process), the operators of ours that an earlier
-entry shadows, and every switch. It exits 1 when something is shadowed or broken; each
-problem names its fix.
+entry shadows, every switch, and whether bf16/fp16 projections multiply in float32 on this
+CPU (the CPU platform path's float32-matmul decision). It exits 1 when something is shadowed
+or broken; each problem names its fix.
 
 Like every vLLM process, the doctor applies the bootstrap to its own environment first
 (unless VLLM_NPU_EXT_BOOTSTRAP=0), before anything imports torch_npu.
@@ -166,6 +167,26 @@ def _switches(problems: list[str]) -> dict[str, Any]:
     }
 
 
+def _cpu_float32_matmul(npu_usable: bool, problems: list[str]) -> dict[str, Any]:
+    """Whether a bf16 or fp16 model served here multiplies its projections in float32
+    (`cpu_matmul_choice.choose`, the decision the model's build log states): only on the CPU
+    platform path, i.e. with no usable NPU and without VLLM_NPU_EXT_EMULATE."""
+    try:
+        from vllm_npu_ext.model_executor.layers import cpu_matmul_choice
+    except (ImportError, OSError, RuntimeError) as error:
+        return {"error": f"not decided: {error}"}
+    cpu_path = not npu_usable and not envs.flag("VLLM_NPU_EXT_EMULATE")
+    decisions: dict[str, Any] = {}
+    for dtype in cpu_matmul_choice.HALF_DTYPES:
+        try:
+            on, why = cpu_matmul_choice.choose(dtype, cpu_path)
+        except ValueError as error:
+            problems.append(f"{error}. Fix: set it to one of {cpu_matmul_choice.CHOICES}.")
+            return {"error": str(error)}
+        decisions[str(dtype).removeprefix("torch.")] = {"on": on, "why": why}
+    return decisions
+
+
 def _package(ours: bootstrap.OurPackage | None, problems: list[str]) -> dict[str, Any]:
     if ours is None:
         default = default_vendor_dir()
@@ -248,6 +269,7 @@ def collect() -> dict[str, Any]:
         "shadowed_ops": [],
         **_switches(problems),
     }
+    report["cpu_float32_matmul"] = _cpu_float32_matmul(report["npu_usable"], problems)
     if ours is not None and ours.usable:
         report["shadowed_ops"] = shadowed_ops(report["ascend_custom_opp_path"], ours.vendor_dir)
         _ordering_problems(report, problems)
@@ -285,11 +307,20 @@ def format_report(report: dict[str, Any]) -> str:
         "fusions: " + " ".join(f"{name}={_on_off(on)}" for name, on in report["fusions"].items()),
         f"attention op: {report['attention_op'] or '-'}",
         f"model override: {_on_off(report['model_override'])}",
+        _matmul_line(report["cpu_float32_matmul"]),
     ]
     problems = report["problems"]
     lines.append(f"problems: {len(problems) or 'none'}")
     lines.extend(f"  - {problem}" for problem in problems)
     return "\n".join(lines)
+
+
+def _matmul_line(decisions: dict[str, Any]) -> str:
+    if "error" in decisions:
+        return f"CPU float32 matmul: {decisions['error']}"
+    return "CPU float32 matmul: " + ", ".join(
+        f"{dtype} {_on_off(d['on'])} ({d['why']})" for dtype, d in decisions.items()
+    )
 
 
 def _stack_line(stack: dict[str, Any]) -> str:

@@ -12,53 +12,17 @@ is unchanged. Weights of those layers take twice the memory.
 `VLLM_NPU_EXT_CPU_FLOAT32_MATMUL`: `auto` (default) on the CPU platform for bf16/fp16
 models when the CPU is x86 without native support for that dtype; `1` on the CPU platform
 whatever the CPU; `0` never. The NPU path (an Ascend NPU or the emulator) never uses it.
+The decision is `cpu_matmul_choice.choose` (no vLLM import: `vllm-npu-ext doctor` reports it).
 """
 
 from __future__ import annotations
 
-import platform
 from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
-
-from vllm_npu_ext import envs
-
-SWITCH = "VLLM_NPU_EXT_CPU_FLOAT32_MATMUL"
-CHOICES = ("auto", "1", "0")
-HALF_DTYPES = (torch.bfloat16, torch.float16)
-
-
-def native_half_matmul(dtype: torch.dtype) -> bool:
-    """Whether this x86 CPU multiplies `dtype` natively (AVX512-BF16 or AMX for bf16, AMX-FP16
-    for fp16), as PyTorch's CPU capability checks report it."""
-    if dtype == torch.bfloat16:
-        return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-    return torch.cpu._is_amx_fp16_supported()
-
-
-def choose(dtype: torch.dtype, cpu_platform_path: bool) -> tuple[bool, str]:
-    """(on, why) for a model of `dtype` whose projections run the platform path on the CPU
-    (`cpu_platform_path`) or not. ValueError for a value of the switch it does not know."""
-    value = envs.get(SWITCH).strip().lower()
-    if value not in CHOICES:
-        raise ValueError(f"{SWITCH} must be one of {CHOICES}, got {value!r}")
-    if not cpu_platform_path:
-        return False, "not the CPU platform path"
-    if dtype not in HALF_DTYPES:
-        return False, f"{dtype} multiplies as it is"
-    if value == "0":
-        return False, f"{SWITCH}=0"
-    if value == "1":
-        return True, f"{SWITCH}=1"
-    machine = platform.machine().lower()
-    if machine not in ("x86_64", "amd64"):
-        return False, f"auto: {machine} CPU (only x86 is checked for native {dtype} matmul)"
-    if native_half_matmul(dtype):
-        return False, f"auto: this CPU multiplies {dtype} natively"
-    return True, f"auto: this x86 CPU has no native {dtype} matmul (AVX512-BF16/AMX)"
 
 
 class Float32MatmulLinearMethod(UnquantizedLinearMethod):

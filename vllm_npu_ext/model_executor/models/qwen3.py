@@ -47,7 +47,7 @@ from vllm.sequence import IntermediateTensors
 from vllm_npu_ext import compat, envs
 from vllm_npu_ext.envs import FusionConfig
 from vllm_npu_ext.logger import get_logger
-from vllm_npu_ext.model_executor.layers import cpu_matmul, fused
+from vllm_npu_ext.model_executor.layers import cpu_matmul, cpu_matmul_choice, fused
 from vllm_npu_ext.model_executor.layers.attention import Qwen3Attention
 from vllm_npu_ext.model_executor.layers.cache_free_op import SPLITTING_OP
 from vllm_npu_ext.model_executor.layers.mlp import Qwen3MLP
@@ -114,12 +114,12 @@ def _fusions_for(dtype: torch.dtype, attn: Qwen3Attention) -> tuple[FusionConfig
 
 
 def _use_float32_matmul(model: Qwen3Model, dtype: torch.dtype) -> str | None:
-    """Float32 projections on the CPU platform path where `cpu_matmul.choose` says so; the
+    """Float32 projections on the CPU platform path where `cpu_matmul_choice.choose` says so; the
     reason when on (for the build log), else None."""
     from vllm.platforms import current_platform
 
     cpu_path = not model.npu_possible and current_platform.is_cpu()
-    on, why = cpu_matmul.choose(dtype, cpu_path)
+    on, why = cpu_matmul_choice.choose(dtype, cpu_path)
     if not on:
         return None
     projections = []
