@@ -3,7 +3,7 @@
 Reads `torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml` straight out of a torch-npu
 wheel (a zip; nothing is installed), keeps the `func:` schema strings of the emulated
 operators (every overload), parses each into its argument list and writes
-`vllm_npu_ext/emulator/runtime/torch_npu_schemas.json` together with the wheel's name and version.
+`vllm_npu_ext/emulator/runtime/torch_npu_schemas.json` with the wheel's name and version.
 
 The pinned version is the one vllm-ascend 0.23.0.post1 requires (its requirements.txt:
 `torch-npu==2.10.0.post4`), the torch-npu Ascend users run:
@@ -33,7 +33,8 @@ PINNED_VERSION = "2.10.0.post4"
 WHEEL_PLATFORM = "manylinux_2_28_x86_64"
 WHEEL_PYTHON = "3.11"
 DEFAULT_OUTPUT = (
-    Path(__file__).resolve().parent.parent / "vllm_npu_ext" / "emulator" / "torch_npu_schemas.json"
+    Path(__file__).resolve().parent.parent
+    / "vllm_npu_ext" / "emulator" / "runtime" / "torch_npu_schemas.json"
 )
 OPERATORS = (
     "npu_fused_infer_attention_score",
