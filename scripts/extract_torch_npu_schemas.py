@@ -1,9 +1,18 @@
 """Extract the torch_npu operator schemas the emulator checks calls against.
 
-Reads `torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml` straight out of a torch-npu
-wheel (a zip; nothing is installed), keeps the `func:` schema strings of the emulated
-operators (every overload), parses each into its argument list and writes
+Reads the schema strings torch_npu registers with torch (its TORCH_LIBRARY definitions, kept
+as strings in `torch_npu/lib/libtorch_npu.so`) straight out of a torch-npu wheel (a zip;
+nothing is installed), keeps those of the emulated operators (every overload), parses each
+into its argument list and writes
 `vllm_npu_ext/emulator/runtime/torch_npu_schemas.json` with the wheel's name and version.
+
+The library, not the wheel's codegen input
+(`torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml`), is what `torch.ops.npu` defines,
+and the two differ: in 2.10.0.post4 the registered schemas
+name the first argument of npu_rms_norm, npu_rotary_mul, npu_swiglu, npu_quantize and
+npu_format_cast `input` (the YAML: `self`), and `npu_fused_infer_attention_score.out` takes
+`Tensor[] out` (the YAML: `Tensor(a!) attention_out, Tensor(b!) softmax_lse`), which is how
+vllm-ascend calls it (`out=[output, softmax_lse]`, attention/attention_v1.py:777).
 
 The pinned version is the one vllm-ascend 0.23.0.post1 requires (its requirements.txt:
 `torch-npu==2.10.0.post4`), the torch-npu Ascend users run:
@@ -24,9 +33,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-import yaml
-
-YAML_PATH = "torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml"
+LIBRARY_PATH = "torch_npu/lib/libtorch_npu.so"
 PINNED_VERSION = "2.10.0.post4"
 # The x86_64 wheel: the schema YAML is byte-identical in the aarch64 one, and pip can fetch
 # it on any machine (the platform is named explicitly).
@@ -51,7 +58,11 @@ OPERATORS = (
     "npu_add_rms_norm_dynamic_quant",
     "npu_quantize",
     "npu_add_rms_norm_quant",
+    "npu_mrope",
+    "_npu_fused_infer_attention_score_get_max_workspace",
 )
+# Runs of printable ASCII in the library: its string constants, schema strings among them.
+_PRINTABLE = re.compile(rb"[\x20-\x7e]{16,}")
 _SCHEMA = re.compile(
     r"^(?P<name>[A-Za-z_]\w*)(?:\.(?P<overload>\w+))?\((?P<args>.*)\)\s*->\s*(?P<ret>.+)$"
 )
@@ -132,24 +143,27 @@ def parse_schema(schema: str) -> dict:
     }
 
 
-def collect_schemas(yaml_text: str, operators=OPERATORS) -> dict[str, list[dict]]:
-    """Every overload of `operators` in the codegen YAML, with the sections listing it."""
+def collect_schemas(library: bytes, operators=OPERATORS) -> dict[str, list[dict]]:
+    """Every overload of `operators` whose schema string the library holds (C++ signatures,
+    which have no `->`, do not match); ValueError for an operator with none, or for two
+    different schemas of one overload."""
     found: dict[str, dict[str, dict]] = {name: {} for name in operators}
-    for section, entries in yaml.safe_load(yaml_text).items():
-        if not isinstance(entries, list):
+    for raw in _PRINTABLE.findall(library):
+        text = raw.decode("ascii").strip()
+        match = _SCHEMA.match(text)
+        if match is None or match["name"] not in found:
             continue
-        for entry in entries:
-            func = entry.get("func") if isinstance(entry, dict) else None
-            match = _SCHEMA.match(func.strip()) if func else None
-            if match is None or match["name"] not in found:
-                continue
-            parsed = parse_schema(func)
-            known = found[parsed["name"]].setdefault(parsed["schema"], {**parsed, "sections": []})
-            known["sections"].append(section)
+        parsed = parse_schema(text)
+        known = found[parsed["name"]].setdefault(parsed["overload"], parsed)
+        if known["schema"] != parsed["schema"]:
+            raise ValueError(f"two schemas for {text.split('(')[0]}: {known['schema']!r}, {text!r}")
     missing = [name for name, schemas in found.items() if not schemas]
     if missing:
-        raise ValueError(f"operators missing from the schema YAML: {missing}")
-    return {name: list(schemas.values()) for name, schemas in found.items()}
+        raise ValueError(f"operators missing from {LIBRARY_PATH}: {missing}")
+    return {
+        name: [schemas[overload] for overload in sorted(schemas, key=lambda o: o != "")]
+        for name, schemas in found.items()
+    }
 
 
 def wheel_version(wheel: zipfile.ZipFile) -> str:
@@ -165,13 +179,13 @@ def wheel_version(wheel: zipfile.ZipFile) -> str:
 def extract(wheel_path: Path) -> dict:
     """The schema document for `wheel_path` (what gets written as JSON)."""
     with zipfile.ZipFile(wheel_path) as wheel:
-        yaml_text = wheel.read(YAML_PATH).decode("utf-8")
+        library = wheel.read(LIBRARY_PATH)
         version = wheel_version(wheel)
     return {
         "source_wheel": wheel_path.name,
         "torch_npu_version": version,
-        "yaml_path": YAML_PATH,
-        "operators": collect_schemas(yaml_text),
+        "library_path": LIBRARY_PATH,
+        "operators": collect_schemas(library),
     }
 
 

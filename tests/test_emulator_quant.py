@@ -176,7 +176,7 @@ def test_add_rms_norm_quant_second_output_and_multiplying_mode():
      (lambda: emu.npu_quantize(rand(2, 8), rand(8), rand(8, dtype=torch.float32), torch.qint8,
                                -1, False), ValueError, "zero_points"),
      (lambda: emu.npu_quantize(rand(2, 8).to(torch.int32), rand(8), None, torch.qint8, -1, False),
-      TypeError, "self"),
+      TypeError, "input"),
      (lambda: emu.npu_add_rms_norm_quant(rand(2, 8), rand(2, 8), rand(8),
                                          rand(8, dtype=torch.float16), None),
       ValueError, "scales1"),

@@ -17,45 +17,49 @@ from vllm_npu_ext.emulator.runtime import schema as _schema
 extractor = load_script("scripts/extract_torch_npu_schemas.py")
 
 
-SNIPPET = """\
-custom:
-- func: npu_swiglu(Tensor self, int dim=-1) -> Tensor
-  impl_ns: op_api
-- func: npu_other(Tensor self, Reduction r=Mean) -> Tensor
-- func: npu_gmm(Tensor[] x, Tensor[] weight, *, Tensor[]? bias=None, int? split_item=0) -> Tensor[]
-- func: npu_gmm.List(Tensor[] x, *, int[]? group_list=None, str mode="BSH") -> Tensor[]
-symint:
-- func: npu_swiglu(Tensor self, int dim=-1) -> Tensor
-"""
+# What a library's string table holds around its schema strings: other constants, C++
+# signatures of the same operators (no `->`), and each schema once.
+LIBRARY = b"\x00".join([
+    b"\x7fELF\x02\x01", b"npu_swiglu(Tensor input, int dim=-1) -> Tensor",
+    b"npu_swiglu(Tensor input, int64_t dim=-1)", b"activate_dim should be in range",
+    b"npu_other(Tensor input, Reduction r=Mean) -> Tensor",
+    b"npu_gmm(Tensor[] x, Tensor[] weight, *, Tensor[]? bias=None, int? split_item=0) -> Tensor[]",
+    b"npu_gmm.out(Tensor[] x, *, Tensor? workspace=None, Tensor[] out) -> (Tensor, Tensor)",
+    b"npu_swiglu(Tensor input, int dim=-1) -> Tensor",
+])
 
 
-def test_extractor_parses_schemas_from_a_yaml_snippet():
-    found = extractor.collect_schemas(SNIPPET, operators=("npu_swiglu", "npu_gmm"))
-    assert [s["sections"] for s in found["npu_swiglu"]] == [["custom", "symint"]]
+def test_extractor_reads_the_registered_schema_strings_of_a_library():
+    found = extractor.collect_schemas(LIBRARY, operators=("npu_swiglu", "npu_gmm"))
+    assert [s["schema"] for s in found["npu_swiglu"]] == [
+        "npu_swiglu(Tensor input, int dim=-1) -> Tensor"]
     swiglu_dim = found["npu_swiglu"][0]["arguments"][1]
     assert swiglu_dim == {"name": "dim", "type": "int", "optional": False, "has_default": True,
                           "default": -1, "keyword_only": False}
-    base, listed = found["npu_gmm"]
-    assert (base["overload"], listed["overload"]) == ("", "List")
+    base, out = found["npu_gmm"]
+    assert (base["overload"], out["overload"]) == ("", "out")
     assert [a["keyword_only"] for a in base["arguments"]] == [False, False, True, True]
     assert base["arguments"][2]["optional"] and base["arguments"][2]["default"] is None
-    assert listed["arguments"][2]["default"] == "BSH" and base["returns"] == "Tensor[]"
+    assert out["arguments"][-1]["type"] == "Tensor[]" and base["returns"] == "Tensor[]"
     with pytest.raises(ValueError, match="missing"):
-        extractor.collect_schemas(SNIPPET, operators=("npu_absent",))
+        extractor.collect_schemas(LIBRARY, operators=("npu_absent",))
+    conflicting = LIBRARY + b"\x00npu_swiglu(Tensor self, int dim=-1) -> Tensor"
+    with pytest.raises(ValueError, match="two schemas for npu_swiglu"):
+        extractor.collect_schemas(conflicting, operators=("npu_swiglu",))
 
 
 def test_extractor_writes_json_from_a_wheel(tmp_path):
     wheel = tmp_path / "torch_npu-9.9.9-cp311-cp311-linux_x86_64.whl"
-    operators = {name: f"{name}(Tensor self, float eps=1e-06) -> Tensor"
-                 for name in extractor.OPERATORS}
-    yaml_text = "custom:\n" + "".join(f"- func: {f}\n" for f in operators.values())
+    library = b"\x00".join(f"{name}(Tensor input, float eps=1e-06) -> Tensor".encode()
+                           for name in extractor.OPERATORS)
     with zipfile.ZipFile(wheel, "w") as archive:
-        archive.writestr(extractor.YAML_PATH, yaml_text)
+        archive.writestr(extractor.LIBRARY_PATH, library)
         archive.writestr("torch_npu-9.9.9.dist-info/METADATA", "Name: torch-npu\nVersion: 9.9.9\n")
     output = tmp_path / "schemas.json"
     assert extractor.main([str(wheel), "--output", str(output)]) == 0
     document = json.loads(output.read_text())
     assert document["torch_npu_version"] == "9.9.9" and document["source_wheel"] == wheel.name
+    assert document["library_path"] == "torch_npu/lib/libtorch_npu.so"
     assert document["operators"]["npu_linear"][0]["arguments"][1]["default"] == 1e-06
 
 
@@ -96,6 +100,12 @@ def test_committed_schemas_equal_a_fresh_extraction_from_the_pinned_wheel(pinned
         "arguments"]}
     assert fia_args["actual_seq_lengths"]["type"] == "SymInt[]?"
     assert fia_args["scale"]["default"] == 1.0 and fia_args["scale"]["keyword_only"]
+    # The registered `.out` takes a tensor list, as vllm-ascend passes it (`out=[...]`); the
+    # wheel's codegen YAML says `attention_out, softmax_lse`.
+    fia_out = document["operators"]["npu_fused_infer_attention_score"][1]
+    assert fia_out["overload"] == "out" and fia_out["arguments"][-1]["type"] == "Tensor[]"
+    rms_norm = document["operators"]["npu_rms_norm"][0]
+    assert rms_norm["arguments"][0]["name"] == "input"  # the YAML: `self`
 
 
 def test_a_failed_wheel_download_raises_with_pips_message(tmp_path, monkeypatch):

@@ -53,7 +53,11 @@ from types import ModuleType
 
 from . import platform
 from .operators.atb import _npu_matmul_add_fp32, _npu_reshape_and_cache, _npu_rotary_embedding
-from .operators.attention import npu_fused_infer_attention_score, npu_fusion_attention
+from .operators.attention import (
+    _npu_fused_infer_attention_score_get_max_workspace,
+    npu_fused_infer_attention_score,
+    npu_fusion_attention,
+)
 from .operators.attention_update import npu_attention_update
 from .operators.format_cast import npu_format_cast
 from .operators.matmul import npu_grouped_matmul, npu_linear
@@ -65,6 +69,7 @@ from .operators.quant import (
     npu_dynamic_quant,
     npu_quantize,
 )
+from .operators.rope_cache import npu_mrope
 from .runtime.registry import OPERATORS, calls, corrupted, inside_operator, reset_counts
 from .runtime.schema import schema_document
 
@@ -75,14 +80,13 @@ __vllm_npu_ext_emulator__ = True
 __version__ = "2.10.0.post4"
 
 __all__ = [
-    "OPERATORS", "_npu_matmul_add_fp32", "_npu_reshape_and_cache", "_npu_rotary_embedding",
-    "calls", "corrupted",
-    "emulated", "inside_operator", "install", "install_stand_in", "reset_counts",
-    "schema_document", "uninstall", "npu_add_rms_norm", "npu_attention_update",
-    "npu_format_cast", "npu_fused_infer_attention_score", "npu_fusion_attention",
-    "npu_add_rms_norm_dynamic_quant", "npu_add_rms_norm_quant", "npu_dynamic_quant",
-    "npu_grouped_matmul", "npu_linear", "npu_quantize", "npu_rms_norm", "npu_rotary_mul",
-    "npu_swiglu",
+    "OPERATORS", "_npu_fused_infer_attention_score_get_max_workspace", "_npu_matmul_add_fp32",
+    "_npu_reshape_and_cache", "_npu_rotary_embedding", "calls", "corrupted", "emulated",
+    "inside_operator", "install", "install_stand_in", "reset_counts", "schema_document",
+    "uninstall", "npu_add_rms_norm", "npu_attention_update", "npu_format_cast",
+    "npu_fused_infer_attention_score", "npu_fusion_attention", "npu_add_rms_norm_dynamic_quant",
+    "npu_add_rms_norm_quant", "npu_dynamic_quant", "npu_grouped_matmul", "npu_linear", "npu_mrope",
+    "npu_quantize", "npu_rms_norm", "npu_rotary_mul", "npu_swiglu",
 ]
 
 _MISSING = object()

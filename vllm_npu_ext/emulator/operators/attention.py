@@ -39,6 +39,7 @@ from ..runtime.checks import (
 )
 from ..runtime.registry import emulated_operator
 from ..runtime.schema import BoundCall
+from . import attention_workspace
 from .attention_math import (
     Packed,
     pack,
@@ -49,6 +50,7 @@ from .attention_math import (
 )
 
 FIA = "npu_fused_infer_attention_score"
+FIA_MAX_WORKSPACE = "_npu_fused_infer_attention_score_get_max_workspace"
 FA = "npu_fusion_attention"
 FIA_LAYOUTS = ("TND", "BSH", "BSND", "BNSD")
 FIA_OTHER_LAYOUTS = (
@@ -70,6 +72,7 @@ FIA_HANDLED = {
     "num_heads", "scale", "pre_tokens", "next_tokens", "input_layout", "num_key_value_heads",
     "sparse_mode", "inner_precise", "softmax_lse_flag",
 }
+FIA_OUT_ARGUMENTS = {"workspace", "out"}  # `.out` only; `_write_out` and attention_workspace
 FA_HANDLED = {
     "query", "key", "value", "head_num", "input_layout", "padding_mask", "atten_mask", "scale",
     "keep_prob", "pre_tockens", "next_tockens", "inner_precise", "actual_seq_qlen",
@@ -132,8 +135,60 @@ def _causal(op: str, call: BoundCall, modes: tuple[int, ...], mask_dtypes, mask_
     raise NotImplementedError(f"{op}: sparse_mode={mode} with an atten_mask is not emulated")
 
 
-@emulated_operator(FIA)
+@emulated_operator(FIA, overloads=("", "out"))
 def npu_fused_infer_attention_score(call: BoundCall) -> tuple[torch.Tensor, torch.Tensor]:
+    """FIA, as torch_npu documents it (`_attention`); `.out` writes into given tensors.
+
+    `.out` (W:8477-8530) adds `workspace` and `out`. Its registered schema takes
+    `Tensor[] out` (torch_npu/lib/libtorch_npu.so; the wheel's codegen YAML lists
+    `attention_out, softmax_lse` instead), which is how vllm-ascend calls it:
+    `out=[output, softmax_lse]` (attention/attention_v1.py:777-796, worker/encoder_acl_graph.py:
+    232-246). The result goes into `out[0]` (shape and dtype of the result); `softmax_lse` is
+    "reserved, not supported" in the docs, yet vllm-ascend's CP decode reads it with
+    `softmax_lse_flag=True` (attention/context_parallel/attention_cp.py:673-675): written
+    when the flag is set, untouched otherwise (a dummy `[1]` there). A `workspace` must come
+    from `_npu_fused_infer_attention_score_get_max_workspace` for the same shapes
+    (`attention_workspace`). Returns `(out[0], out[1])`.
+    """
+    if call.overload != "out":
+        return _attention(call)
+    attention_workspace.require_workspace(call)
+    return _write_out(call, *_attention(call))
+
+
+def _write_out(call: BoundCall, out: torch.Tensor, lse: torch.Tensor) -> tuple:
+    """`.out`'s results written into `call.out` (class docstring of the kernel above)."""
+    targets = call.out
+    if len(targets) != 2:
+        raise ValueError(f"{FIA}.out: argument 'out' must hold [attention_out, softmax_lse], "
+                         f"got {len(targets)} tensors")  # fmt: skip
+    attention_out, softmax_lse = targets
+    for name, target, result in (("out[0]", attention_out, out), ("out[1]", softmax_lse, lse)):
+        if name == "out[1]" and not call.softmax_lse_flag:
+            continue
+        if target.shape != result.shape or target.dtype != result.dtype:
+            raise ValueError(
+                f"{FIA}.out: argument {name!r} is {tuple(target.shape)} {target.dtype}; the "
+                f"result is {tuple(result.shape)} {result.dtype}"
+            )
+        target.copy_(result)
+    return attention_out, softmax_lse
+
+
+@emulated_operator(FIA_MAX_WORKSPACE)
+def _npu_fused_infer_attention_score_get_max_workspace(call: BoundCall) -> torch.Tensor:
+    """The workspace FIA `.out` takes for graph capture (W:8389-8429): "inputs as
+    npu_fused_infer_attention_score", a 1-D tensor of query's dtype (W:8514) whose size is the
+    aclnn's maximum over the sequence lengths (aclnnFusedInferAttentionScoreV3GetMaxWorkspace
+    Size). The call is checked as FIA checks it; the stand-in cannot know the aclnn's size, so
+    the workspace holds query.numel() elements and remembers the shapes it was sized for."""
+    _checked(call)
+    workspace = torch.zeros(call.query.numel(), dtype=call.query.dtype)
+    attention_workspace.remember(workspace, call)
+    return workspace
+
+
+def _attention(call: BoundCall) -> tuple[torch.Tensor, torch.Tensor]:
     """FIA, as torch_npu documents it: softmax(scale * q k^T + mask) v.
 
     TND: query `[T, N, D]`, key/value `[T_kv, N_kv, D]`, `actual_seq_lengths(_kv)` cumulative
@@ -146,7 +201,18 @@ def npu_fused_infer_attention_score(call: BoundCall) -> tuple[torch.Tensor, torc
     vllm-ascend passes block_size=128 with no block table on a prefill without cached
     tokens (attention_v1.py:1194-1197).
     """
-    call.require_defaults(FIA_HANDLED | ({"block_size"} if call.block_table is None else set()))
+    packed, causal = _checked(call)
+    result = varlen_attention(packed, call.scale, causal)
+    out = unpack_output(call.input_layout, result.out.to(call.query.dtype), packed)
+    if not call.softmax_lse_flag:
+        return out, torch.zeros(0, dtype=torch.float32)
+    return out, unpack_rows(call.input_layout, result.lse, packed).unsqueeze(-1)
+
+
+def _checked(call: BoundCall) -> tuple[Packed, bool]:
+    """The call's documented contract checked; (the packed batch, whether causal)."""
+    handled = FIA_HANDLED | FIA_OUT_ARGUMENTS
+    call.require_defaults(handled | ({"block_size"} if call.block_table is None else set()))
     _require_layout(FIA, call.input_layout, FIA_LAYOUTS, FIA_OTHER_LAYOUTS)
     tensors = {"query": call.query, "key": call.key, "value": call.value}
     require_dtype(FIA, "query", call.query, FLOAT16_TYPES)
@@ -170,11 +236,7 @@ def npu_fused_infer_attention_score(call: BoundCall) -> tuple[torch.Tensor, torc
         ((MASK_SIDE, MASK_SIDE), (1, MASK_SIDE, MASK_SIDE), (1, 1, MASK_SIDE, MASK_SIDE)),
     )
     require_visible_keys(FIA, packed, causal)
-    result = varlen_attention(packed, call.scale, causal)
-    out = unpack_output(call.input_layout, result.out.to(call.query.dtype), packed)
-    if not call.softmax_lse_flag:
-        return out, torch.zeros(0, dtype=torch.float32)
-    return out, unpack_rows(call.input_layout, result.lse, packed).unsqueeze(-1)
+    return packed, causal
 
 
 def _require_fia_sizes(packed: Packed) -> None:

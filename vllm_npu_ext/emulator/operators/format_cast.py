@@ -43,7 +43,7 @@ DOCUMENTED_FORMATS = {
 @emulated_operator(FORMAT_CAST)
 def npu_format_cast(call: BoundCall) -> torch.Tensor:
     """A contiguous copy of `self` (same shape, dtype, values) in format ND or FRACTAL_NZ."""
-    call.require_defaults({"self", "acl_format"})
+    call.require_defaults({"input", "acl_format"})
     acl_format = call.acl_format
     require_choice(FORMAT_CAST, "acl_format", acl_format, list(DOCUMENTED_FORMATS.values()))
     if acl_format not in EMULATED_FORMATS:
@@ -52,4 +52,4 @@ def npu_format_cast(call: BoundCall) -> torch.Tensor:
             f"{FORMAT_CAST}: acl_format {acl_format} ({name}) is not emulated; emulated: "
             f"{ACL_FORMAT_ND} (ND), {ACL_FORMAT_FRACTAL_NZ} (FRACTAL_NZ)"
         )
-    return call.arguments["self"].clone(memory_format=torch.contiguous_format)
+    return call.input.clone(memory_format=torch.contiguous_format)

@@ -44,8 +44,8 @@ def npu_rms_norm(call: BoundCall) -> tuple[torch.Tensor, torch.Tensor]:
 
     Returns (y like x, rstd float32 of shape x.shape[:-gamma.dim()] + (1,) * gamma.dim()).
     """
-    x, gamma = call.arguments["self"], call.gamma
-    _require_norm_inputs(RMS_NORM, "self", x, gamma)
+    x, gamma = call.input, call.gamma
+    _require_norm_inputs(RMS_NORM, "input", x, gamma)
     y, rstd = _rms_norm(x.float(), gamma, call.epsilon)
     return y.to(x.dtype), rstd
 

@@ -63,9 +63,9 @@ def npu_rotary_mul(call: BoundCall) -> torch.Tensor:
     r1/r2 (cos/sin) are cast to x's dtype first, as the operator does for mixed dtypes.
     A TND tensor is passed as `(1, T, N, D)` with cos/sin `(1, T, 1, D)`.
     """
-    x, mode, rotate = call.arguments["self"], call.rotary_mode, call.rotate
-    require_ndim(ROTARY_MUL, "self", x, (4,))
-    require_dtype(ROTARY_MUL, "self", x, FLOAT_TYPES)
+    x, mode, rotate = call.input, call.rotary_mode, call.rotate
+    require_ndim(ROTARY_MUL, "input", x, (4,))
+    require_dtype(ROTARY_MUL, "input", x, FLOAT_TYPES)
     require_choice(ROTARY_MUL, "rotary_mode", mode, ("half", "interleave"))
     head_dim = x.shape[-1]
     if head_dim % 2 or head_dim >= ROTARY_MAX_HEAD_DIM:
@@ -84,10 +84,10 @@ def npu_rotary_mul(call: BoundCall) -> torch.Tensor:
 @emulated_operator(SWIGLU)
 def npu_swiglu(call: BoundCall) -> torch.Tensor:
     """silu(a) * b with (a, b) the two halves of x along `dim` (which must be even-sized)."""
-    x, dim = call.arguments["self"], call.dim
-    require_ndim(SWIGLU, "self", x, range(1, 9))
-    require_dtype(SWIGLU, "self", x, FLOAT_TYPES)
-    require_contiguous(SWIGLU, {"self": x})
+    x, dim = call.input, call.dim
+    require_ndim(SWIGLU, "input", x, range(1, 9))
+    require_dtype(SWIGLU, "input", x, FLOAT_TYPES)
+    require_contiguous(SWIGLU, {"input": x})
     if not -x.dim() <= dim < x.dim():
         raise ValueError(f"{SWIGLU}: argument 'dim' {dim} is out of range for {x.dim()}-D input")
     if x.shape[dim] % 2:

@@ -173,8 +173,8 @@ def quantize_static(y32: torch.Tensor, scales, zero_points, div_mode: bool) -> t
 @emulated_operator(QUANTIZE)
 def npu_quantize(call: BoundCall) -> torch.Tensor:
     """int8 codes of input with static scales; see the module docstring."""
-    op, x, scales, zero_points = QUANTIZE, call.arguments["self"], call.scales, call.zero_points
-    require_dtype(op, "self", x, SCALE_TYPES)
+    op, x, scales, zero_points = QUANTIZE, call.input, call.scales, call.zero_points
+    require_dtype(op, "input", x, SCALE_TYPES)
     if x.dim() < 1:
         raise ValueError(f"{op}: argument 'self' must have at least one dimension")
     if call.dtype not in (QINT8_ENUM, INT8_ENUM):  # torch passes a dtype as its value

@@ -35,7 +35,7 @@ def _rstd_shape(x: torch.Tensor, gamma: torch.Tensor) -> list[int]:
 
 
 def rms_norm(call: BoundCall):
-    x = call.arguments["self"]
+    x = call.input
     rstd = x.new_empty(_rstd_shape(x, call.gamma), dtype=torch.float32)
     return torch.empty_like(x), rstd  # M:2695-2705
 
@@ -47,11 +47,11 @@ def add_rms_norm(call: BoundCall):
 
 
 def rotary_mul(call: BoundCall):
-    return torch.empty_like(call.arguments["self"])  # M:2444-2446
+    return torch.empty_like(call.input)  # M:2444-2446
 
 
 def swiglu(call: BoundCall):
-    x = call.arguments["self"]
+    x = call.input
     size = list(x.shape)
     size[call.dim] = size[call.dim] // 2  # M's floor(size / 2), kept integer for symbolic sizes
     return x.new_empty(size)  # M:5727-5733
@@ -180,7 +180,7 @@ def attention_update(call: BoundCall):
 def format_cast(call: BoundCall):
     """Like self: a format cast keeps the logical shape and dtype (no meta registration in M;
     the wheel's `_op_plugin_docs.py`:1238-1255)."""
-    return torch.empty_like(call.arguments["self"], memory_format=torch.contiguous_format)
+    return torch.empty_like(call.input, memory_format=torch.contiguous_format)
 
 
 def dynamic_quant(call: BoundCall):
@@ -200,7 +200,7 @@ def add_rms_norm_dynamic_quant(call: BoundCall):
 
 def quantize(call: BoundCall):
     """int8 like self for torch.qint8 / int8 (M:4990-5014)."""
-    return torch.empty_like(call.arguments["self"], dtype=torch.int8)
+    return torch.empty_like(call.input, dtype=torch.int8)
 
 
 def add_rms_norm_quant(call: BoundCall):
@@ -208,6 +208,11 @@ def add_rms_norm_quant(call: BoundCall):
     x1 = call.x1
     return torch.empty_like(x1, dtype=torch.int8), torch.empty_like(x1, dtype=torch.int8), \
         torch.empty_like(x1)
+
+
+def mrope(call: BoundCall):
+    """New tensors like query and key (M:6173-6175)."""
+    return torch.empty_like(call.query), torch.empty_like(call.key)
 
 
 def _fake(op: str, overload: str, shapes: Callable[[BoundCall], Any]) -> Callable[..., Any]:
@@ -218,7 +223,8 @@ def _fake(op: str, overload: str, shapes: Callable[[BoundCall], Any]) -> Callabl
     return fake
 
 
-# "op" or "op.overload" -> its fake kernel. FIA's `.out` has no meta registration in M.
+# "op" or "op.overload" -> its fake kernel. FIA's `.out` and its max-workspace operator have
+# no meta registration in M (neither can be traced on the device either).
 FAKE_KERNELS: dict[str, Callable[..., Any]] = {
     "npu_rms_norm": _fake("npu_rms_norm", "", rms_norm),
     "npu_add_rms_norm": _fake("npu_add_rms_norm", "", add_rms_norm),
@@ -239,4 +245,5 @@ FAKE_KERNELS: dict[str, Callable[..., Any]] = {
     ),
     "npu_quantize": _fake("npu_quantize", "", quantize),
     "npu_add_rms_norm_quant": _fake("npu_add_rms_norm_quant", "", add_rms_norm_quant),
+    "npu_mrope": _fake("npu_mrope", "", mrope),
 }

@@ -85,10 +85,28 @@ def emulated_operator(
 
         operator.__name__ = operator.__qualname__ = op
         del operator.__wrapped__  # the public function is the operator call, not `impl`
+        # torch_npu's `npu_xxx` is the packet `torch.ops.npu.npu_xxx`, so callers also name an
+        # overload: `torch_npu.npu_fused_infer_attention_score.out(..., out=[...])`.
+        for overload in overloads:
+            setattr(operator, overload or "default", _overload_call(op, overload, packet))
         OPERATORS[op] = operator
         return operator
 
     return decorate
+
+
+def _overload_call(op: str, overload: str, packet: Any) -> Callable[..., Any]:
+    """The public call of one overload: the stricter binder against that overload's schema
+    (eager only), then torch's `torch.ops.npu.<op>.<overload>`."""
+    target = getattr(packet, overload or "default")
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if not torch.compiler.is_compiling():
+            require_one_device(bind_overload(op, overload, args, kwargs))
+        return target(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = f"{op}.{overload or 'default'}"
+    return call
 
 
 @functools.cache

@@ -1,0 +1,65 @@
+"""FIA workspaces for ACL-graph capture: which shapes each one was sized for.
+
+`_npu_fused_infer_attention_score_get_max_workspace` returns a workspace tensor sized by the
+aclnn's maximum over every sequence-length assignment of the call's shapes (W:8389-8429:
+"获取最大workspace size并创建一个此size大小的tensor"), so that FIA `.out` captured in a graph can
+take new host lengths on every replay (`graph_task_update_begin/end`) with the memory it was
+captured with (vllm-ascend: `attention/attention_v1.py:867-899`, `ops/mm_encoder_attention.py:
+252-268`). The stand-in cannot compute the aclnn's size; it remembers, per workspace memory,
+the shapes and host arguments the workspace was asked for, and FIA `.out` refuses a workspace
+it did not size, or one sized for other shapes (more tokens, other heads or layouts would need
+a larger workspace on the device: a silent overrun, not an error there).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..runtime.schema import BoundCall
+
+FIA = "npu_fused_infer_attention_score"
+# What a maximum workspace covers: everything but the per-step sequence lengths.
+_SIZED_BY = ("num_heads", "num_key_value_heads", "input_layout", "sparse_mode", "block_size")
+_sized: dict[tuple[int, int], tuple] = {}  # (data address, bytes) -> signature
+
+
+def _signature(call: BoundCall) -> tuple:
+    tensors = tuple(
+        None if value is None else (tuple(value.shape), value.dtype)
+        for value in (call.query, call.key, call.value, call.block_table)
+    )
+    return tensors + tuple(call.arguments[name] for name in _SIZED_BY)
+
+
+def _key(workspace: torch.Tensor) -> tuple[int, int]:
+    return workspace.data_ptr(), workspace.numel() * workspace.element_size()
+
+
+def remember(workspace: torch.Tensor, call: BoundCall) -> None:
+    """Record that `workspace` is the maximum workspace for `call`'s shapes."""
+    _sized[_key(workspace)] = _signature(call)
+
+
+def require_workspace(call: BoundCall) -> None:
+    """FIA `.out`'s `workspace`: None (the operator allocates its own), or a 1-D tensor of
+    query's dtype (W:8514) that the max-workspace operator sized for this call's shapes."""
+    workspace = call.workspace
+    if workspace is None:
+        return
+    if workspace.dim() != 1 or workspace.dtype != call.query.dtype:
+        raise ValueError(
+            f"{FIA}.out: argument 'workspace' must be 1-D of query's dtype {call.query.dtype} "
+            f"(W:8514), got {tuple(workspace.shape)} {workspace.dtype}"
+        )
+    sized_for = _sized.get(_key(workspace))
+    if sized_for is None:
+        raise ValueError(
+            f"{FIA}.out: argument 'workspace' was not made by "
+            "_npu_fused_infer_attention_score_get_max_workspace; the stand-in cannot check that "
+            "it is large enough"
+        )
+    if sized_for != _signature(call):
+        raise ValueError(
+            f"{FIA}.out: argument 'workspace' was sized for {sized_for}, not for this call's "
+            f"{_signature(call)} (shapes, heads, layout, sparse_mode, block_size)"
+        )
