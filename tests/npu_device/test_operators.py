@@ -92,5 +92,5 @@ def test_our_cann_operator_runs_on_npu_tensors():
 
 
 def test_mixing_cpu_and_npu_tensors_is_refused():
-    with pytest.raises(ValueError, match="'gamma' is on cpu but 'self' is on npu"):
+    with pytest.raises(ValueError, match="'gamma' is on cpu but 'input' is on npu"):
         emu.npu_rms_norm(rand(5, 64).npu(), rand(64))

@@ -24,7 +24,7 @@ from types import ModuleType
 
 import torch
 
-from .device import collectives, graphs, npugraph_ex
+from .device import collectives, graph_tasks, graphs, npugraph_ex
 from .device import npu as device
 from .operators import vllm_ascend_library, vllm_ascend_triton, vllm_triton
 from .runtime.strict import not_emulated, strict_module
@@ -63,15 +63,16 @@ def _c_modules() -> tuple[ModuleType, ModuleType]:
         "torch_npu._C",
         "torch_npu's C bindings: only names read by vllm-ascend's code on the tested paths.",
         _distributed_c10d=c10d,
-        _NPUTaskGroupHandle=not_emulated("torch_npu._C._NPUTaskGroupHandle"),
+        _NPUTaskGroupHandle=graph_tasks.TaskGroupHandle,
         _weak_ref_tensor=graphs.weak_ref_tensor,
     )
     return c, c10d
 
 
 def _register_atb_extensions() -> None:
-    """torch_npu's ATB operator library (`torch.ops.atb.*`) is not emulated: registering it
-    registers nothing, so a call of one of its operators fails naming it."""
+    """torch_npu's ATB operator library (`torch.ops.atb.*`): the stand-in defines the operators
+    vllm-ascend's tested paths call (`operators/atb.py`) when it loads; a call of any other
+    fails naming it."""
 
 
 def _dynamic_profile_step() -> None:

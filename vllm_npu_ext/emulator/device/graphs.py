@@ -10,7 +10,8 @@ own side stream unless one is given) current, and brackets the block with
 What a capture records here is what an ACL graph records on the device: the device work, with
 the addresses and the host-side parameters it had at capture time. Every operator dispatched
 with an `npu` tensor among its arguments or results is recorded with those very tensors (a
-TorchDispatchMode; a torch_npu operator is one entry, as it is one kernel launch).
+TorchDispatchMode; a torch_npu operator is one entry, as it is one kernel launch), except
+views and aliases, which are host-side metadata.
 `replay()` runs the recorded entries again, in order, on the same tensors: an operator that
 writes its arguments (in place, out=) writes them again; a new result is written into the
 tensor the capture returned (the graph's memory). So inputs must be copied into the captured
@@ -24,6 +25,20 @@ device-to-host copy or `.item()` of an `npu` tensor during capture raises Runtim
 aclmdlRI capture error on the device). Captured tensors are kept alive by the graph until
 `reset()` (the device keeps them in the graph's private pool); pools are not shared between
 graphs here, so an aliasing bug that pool sharing could cause on the device is not modelled.
+
+An operator whose kernel is host code issuing device operators (a custom operator registered
+CompositeExplicitAutograd, outside aten: `vllm_npu_ext::cache_free_attention`) is entered, and
+the device operators it issues are recorded: a graph holds kernel launches, never host code.
+Operators the runtime marks as host-only (`registry.HOST_ONLY`: allocations with host-side
+sizing, such as FIA's max workspace) run at capture and are not recorded.
+
+Updating captured work between replays (`graph_tasks`): an `ExternalEvent` waited on inside a
+capture is a wait node of the graph. A replay runs until such a wait on an event not yet
+recorded, then stops there, as the device's stream stops: the host gets control back (a replay
+is asynchronous on the device), may update the captured tasks (`graph_task_update_*`) and
+record the event, which lets the replay go on. Until then the stream is blocked: any device
+operator, copy or value read raises RuntimeError naming the event (`host_npu.set_blocked`;
+on the device these would wait forever), as do `torch.npu.synchronize()` and another replay.
 """
 
 from __future__ import annotations
@@ -36,11 +51,15 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten
 
+from ..runtime import registry
+from . import host_npu
+
 _pool_ids = itertools.count(1)
 # Process-wide figures: graphs captured and replays; the operators captures recorded, by name.
 stats: collections.Counter[str] = collections.Counter()
 captured_operators: collections.Counter[str] = collections.Counter()  # by name, all captures
 _capturing: list[NPUGraph] = []  # the graph under capture (one at a time, as on the device)
+_waiting: list[NPUGraph] = []  # replays stopped at a wait node (the stream is blocked)
 # Operators whose result is memory, not the result of a kernel: nothing to replay.
 _ALLOCATIONS = frozenset({"aten::empty.memory_format", "aten::empty_strided", "aten::empty_like"})
 # Operators that make the host wait for device values, and those that copy to the host.
@@ -59,6 +78,43 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 def _results(func, out) -> tuple:
     """An operator's results, one per return of its schema."""
     return out if isinstance(out, (tuple, list)) and len(func._schema.returns) > 1 else (out,)
+
+
+def is_view(func) -> bool:
+    """A view or alias of an argument (no write): metadata on the host, no device task."""
+    return any(r.alias_info is not None and not r.alias_info.is_write
+               for r in func._schema.returns)  # fmt: skip
+
+
+def _host_code(func) -> bool:
+    """A custom operator (not aten's) whose kernel is host code: registered for
+    CompositeExplicitAutograd and for no device key."""
+    name = func.name()
+    return func.namespace not in ("aten", "prim", "prims") and (
+        torch._C._dispatch_has_kernel_for_dispatch_key(name, "CompositeExplicitAutograd")
+        and not torch._C._dispatch_has_kernel_for_dispatch_key(name, "PrivateUse1")
+    )
+
+
+class WaitNode:
+    """An ExternalEvent wait captured into a graph (`graph_tasks.ExternalEvent.wait`)."""
+
+    __slots__ = ("event",)
+
+    def __init__(self, event: Any) -> None:
+        self.event = event
+
+
+class ResetNode:
+    """An ExternalEvent reset captured into a graph: each replay clears the event again."""
+
+    __slots__ = ("event",)
+
+    def __init__(self, event: Any) -> None:
+        self.event = event
+
+    def replay(self) -> None:
+        self.event.recorded = False
 
 
 class _Entry:
@@ -93,6 +149,9 @@ class _Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         op = func._schema.name
+        if _host_code(func):  # record the device operators it issues, not the host code
+            with self:
+                return func._op_dk(torch._C.DispatchKey.CompositeExplicitAutograd, *args, **kwargs)
         inputs = [t for t in _tensors((args, kwargs)) if _is_npu(t)]
         if inputs and op in _HOST_READS:
             raise RuntimeError(
@@ -108,7 +167,8 @@ class _Recorder(TorchDispatchMode):
                 "(the device forbids synchronising with a capturing stream)"
             )
         overload = op if func._overloadname == "default" else f"{op}.{func._overloadname}"
-        if (inputs or any(_is_npu(t) for t in results)) and overload not in _ALLOCATIONS:
+        device_work = (inputs or any(_is_npu(t) for t in results)) and not is_view(func)
+        if device_work and overload not in _ALLOCATIONS and overload not in registry.HOST_ONLY:
             self.graph._entries.append(_Entry(func, args, kwargs, out))
         return out
 
@@ -117,12 +177,15 @@ class NPUGraph:
     """`torch.npu.NPUGraph` (torch_npu/npu/graphs.py:591): capture, replay, reset, pool."""
 
     def __init__(self) -> None:
-        self._entries: list[_Entry] = []
+        self._entries: list[_Entry | WaitNode | ResetNode] = []
         self._recorder: _Recorder | None = None
         self._pool: Any = None
         self._captured = False
         self.auto_dispatch_capture = False
         self.replays = 0
+        self.capture_stream: Any = None
+        self.group_start: int | None = None  # an open task group (graph_tasks)
+        self._stopped_at: int | None = None  # the wait node a replay stopped at
 
     def capture_begin(self, pool: Any = None, capture_error_mode: str = "global") -> None:
         if capture_error_mode not in ("global", "thread_local", "relaxed"):
@@ -135,6 +198,7 @@ class NPUGraph:
         if self._captured:
             raise RuntimeError("this NPUGraph holds a capture already: reset() it first")
         self._pool = pool if pool is not None else ("npu_graph_pool", next(_pool_ids))
+        self.capture_stream = torch.npu.current_stream()
         self._recorder = _Recorder(self)
         _capturing.append(self)
         self._recorder.__enter__()
@@ -142,6 +206,9 @@ class NPUGraph:
     def capture_end(self) -> None:
         if not _capturing or _capturing[-1] is not self or self._recorder is None:
             raise RuntimeError("capture_end() without capture_begin() on this NPUGraph")
+        if self.group_start is not None:
+            raise RuntimeError("capture_end() inside an open task group "
+                               "(graph_task_group_begin without graph_task_group_end)")
         self._recorder.__exit__(None, None, None)
         self._recorder = None
         _capturing.pop()
@@ -151,14 +218,43 @@ class NPUGraph:
 
     def replay(self) -> None:
         """One launch of the whole graph: the host's dispatch modes (operator counters) see
-        no operator of it, as the host sees one graph launch on the device."""
+        no operator of it, as the host sees one graph launch on the device. It runs until a
+        wait on an event not recorded yet (module docstring)."""
         if not self._captured:
             raise RuntimeError("replay() of an NPUGraph that holds no capture")
-        with _disable_current_modes():
-            for entry in self._entries:
-                entry.replay()
+        require_stream_free("replay() of an NPU graph")
         self.replays += 1
         stats["replays"] += 1
+        self._run_from(0)
+
+    def _run_from(self, start: int) -> None:
+        with _disable_current_modes():
+            for position in range(start, len(self._entries)):
+                entry = self._entries[position]
+                if isinstance(entry, WaitNode):
+                    if not entry.event.recorded:
+                        self._stop(position, entry.event)
+                        return
+                    continue
+                entry.replay()
+
+    def _stop(self, position: int, event: Any) -> None:
+        self._stopped_at = position
+        event.waiters.append(self)
+        _waiting.append(self)
+        host_npu.set_blocked(blocked_reason())
+
+    def resume(self) -> None:
+        """The event this replay waits on was recorded: go on after the wait node."""
+        position, self._stopped_at = self._stopped_at, None
+        _waiting.remove(self)
+        host_npu.set_blocked(blocked_reason())
+        self._run_from(position + 1)
+
+    @property
+    def waiting_on(self) -> Any:
+        """The event a stopped replay waits on, else None."""
+        return None if self._stopped_at is None else self._entries[self._stopped_at].event
 
     def reset(self) -> None:
         if self._recorder is not None:
@@ -173,7 +269,18 @@ class NPUGraph:
     @property
     def operators(self) -> list[str]:
         """The recorded operators, in replay order (for tests and counts)."""
-        return [str(entry.func) for entry in self._entries]
+        return [str(entry.func) for entry in self._entries if isinstance(entry, _Entry)]
+
+    def record_node(self, node: WaitNode | ResetNode) -> None:
+        """A wait or reset node, captured where the capture stands (`graph_tasks`)."""
+        self._entries.append(node)
+
+    def tasks(self, start: int, end: int) -> list[_Entry]:
+        """The kernel launches recorded between two positions (a task group)."""
+        return [entry for entry in self._entries[start:end] if isinstance(entry, _Entry)]
+
+    def position(self) -> int:
+        return len(self._entries)
 
     def update(self, cpu_update_input: Any) -> None:
         raise NotImplementedError(
@@ -221,6 +328,25 @@ class graph:  # noqa: N801 - torch.npu.graph is a class
     def __exit__(self, exc_type, exc_value, traceback) -> None:
         self.npu_graph.capture_end()
         self.stream_ctx.__exit__(exc_type, exc_value, traceback)
+
+
+def capturing_graph() -> NPUGraph | None:
+    """The graph under capture, if any."""
+    return _capturing[-1] if _capturing else None
+
+
+def blocked_reason() -> str:
+    """Why the stream is blocked ("" when it is not)."""
+    return "; ".join(
+        f"a replay of an NPU graph waits on {graph.waiting_on!r}, which was never recorded "
+        "(record it after updating the captured tasks)" for graph in _waiting
+    )
+
+
+def require_stream_free(what: str) -> None:
+    """RuntimeError while a replay waits on an unrecorded event (the device would hang)."""
+    if _waiting:
+        raise RuntimeError(f"{what} would wait forever on the device: {blocked_reason()}")
 
 
 def graph_pool_handle() -> Any:

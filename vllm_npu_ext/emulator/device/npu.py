@@ -5,8 +5,9 @@ current device index and count), and host kernels run synchronously, so streams 
 keep their ordering semantics trivially (work submitted to any stream has completed when the
 call returns; `query()` is True). What is here is what vllm-ascend 0.23's code reads on the
 paths the tests run; everything else raises AttributeError naming it (`runtime.strict`). Graph
-capture and replay (`NPUGraph`, `graph`, `graph_pool_handle`) are `graphs`'s; `ExternalEvent`
-exists as a name for annotations and raises NotImplementedError when used.
+capture and replay (`NPUGraph`, `graph`, `graph_pool_handle`) are `graphs`'s; task groups,
+task updates and `ExternalEvent` are `graph_tasks`'s. Synchronising while a graph replay waits
+on an unrecorded event raises (the device would never return).
 
 Memory figures are the device allocator's (`host_npu`'s ledger of live npu allocations and their
 peak); the device's total is the host's MemTotal, so `mem_get_info()` is (MemTotal - npu bytes in
@@ -26,7 +27,7 @@ from typing import Any
 import torch
 
 from ..runtime.strict import not_emulated, strict_module
-from . import graphs, host_npu
+from . import graph_tasks, graphs, host_npu
 
 NAME = "torch.npu"
 
@@ -127,8 +128,10 @@ def get_device_properties(device: Any = None) -> _DeviceProperties:
 
 
 def synchronize(device: Any = None) -> None:
-    """Host kernels have finished when they return: nothing is pending."""
+    """Host kernels have finished when they return: nothing is pending, unless a graph replay
+    waits on an event (`graphs.require_stream_free`)."""
     _index(device)
+    graphs.require_stream_free(f"{NAME}.synchronize()")
 
 
 def empty_cache() -> None:
@@ -211,10 +214,10 @@ class Stream:
         return True
 
     def synchronize(self) -> None:
-        pass
+        graphs.require_stream_free(f"{NAME}.Stream.synchronize()")
 
     def __repr__(self) -> str:
-        return f"<{NAME}.Stream device=npu:{self.device_index} (host)>"
+        return f"<{NAME}.Stream {id(self):#x} device=npu:{self.device_index} (host)>"
 
 
 class Event:
@@ -236,7 +239,7 @@ class Event:
         return True
 
     def synchronize(self) -> None:
-        pass
+        graphs.require_stream_free(f"{NAME}.Event.synchronize()")
 
     def elapsed_time(self, end_event: Event) -> float:
         """Milliseconds between this event's record and end_event's."""
@@ -301,7 +304,6 @@ class _Config:
 
 
 config = _Config()
-ExternalEvent = not_emulated(f"{NAME}.ExternalEvent")
 
 
 def _use_mem_pool(*args: Any, **kwargs: Any):
@@ -329,10 +331,13 @@ def build() -> Any:
         "synchronize", "empty_cache", "mem_get_info", "memory_allocated",
         "max_memory_allocated", "memory_reserved", "max_memory_reserved",
         "reset_peak_memory_stats", "memory_stats", "Stream",
-        "Event", "ExternalEvent", "default_stream", "current_stream", "set_stream", "stream",
+        "Event", "default_stream", "current_stream", "set_stream", "stream",
         "config",
     ]  # fmt: skip
     capture = {name: getattr(graphs, name) for name in (
         "NPUGraph", "graph", "graph_pool_handle", "is_current_stream_capturing")}  # fmt: skip
+    capture.update({name: getattr(graph_tasks, name) for name in (
+        "ExternalEvent", "graph_task_group_begin", "graph_task_group_end",
+        "graph_task_update_begin", "graph_task_update_end")})  # fmt: skip
     return strict_module(NAME, __doc__, memory=_memory_module(), **capture,
                          **{name: globals()[name] for name in names})  # fmt: skip

@@ -1,8 +1,11 @@
 """torch_npu's ATB operators that vllm-ascend's worker calls (`torch_npu.op_plugin.atb`).
 
-ATB operators are not torch_npu schema operators (the wheel lists their names in
-`op_plugin/atb/_atb_ops.py` `API_LIST` and loads them from its ATB library), so they are plain
-functions here, checked and counted like the others.
+ATB operators are torch operators of their own library, `torch.ops.atb.<name>`, which torch_npu
+loads from `lib/libop_plugin_atb.so` and binds as `torch_npu.<name>` (the wheel's
+`op_plugin/atb/_atb_ops.py:118-122`: `setattr(torch_npu, api_name, getattr(torch.ops.atb,
+api_name))`). The stand-in defines them so, with the schema strings that library registers
+(`SCHEMAS`), a CPU kernel each (checked and counted like the others) and no result: a dispatch
+mode sees one operator, one launch, as on the device.
 
 `_npu_matmul_add_fp32(x, weight, C)`: C += x^T @ weight in float32, in place (MindSpeed's
 `docs/ops/npu_matmul_add.md`: x and weight float16/bfloat16, C float32; "product =
@@ -24,8 +27,14 @@ place into key_cache `[num_blocks, block_size, N, D_k]` and value_cache `[..., D
 flat slot `slot_indices[t]` (block * block_size + offset), slot_indices int32 `[T]`; key,
 value and the caches float16, bfloat16 or int8, all one dtype (float32 is not in the list).
 vllm-ascend calls it for every KV-cached attention layer before attention
-(`attention/attention_v1.py:1444`, `device/device_op.py:48-51`). A slot outside the cache is
-a ValueError here (the documented contract gives no meaning to one).
+(`attention/attention_v1.py:1444`, `device/device_op.py:48-51`). A negative slot is skipped:
+ATB's kernel leaves the caches untouched for it (hicann/ascend-transformer-boost
+`src/kernels/mixkernels/reshape_and_cache/op_kernel/reshape_and_cache_nd.cpp`,
+ProcessKVEqual / ProcessKVUnequalIncrement: `if (slotValue < 0) continue;`, and
+`reshape_and_cache_base.h` CopyToCache: `if (slotValue < 0) return;`), and vllm-ascend's
+context-parallel slot mapping marks every token another rank stores with -1
+(`worker/block_table.py:253-276`). A slot at or past the caches' end is a ValueError here
+(the kernel would write past the cache).
 """
 
 from __future__ import annotations
@@ -39,7 +48,18 @@ CACHE_TYPES = (*HALF_TYPES, torch.int8)
 FLOAT_TYPES = (torch.float32, *HALF_TYPES)
 
 
-def _npu_matmul_add_fp32(x: torch.Tensor, weight: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+# Registered by torch_npu 2.10.0.post4's lib/libop_plugin_atb.so (its schema strings).
+NAMESPACE = "atb"
+SCHEMAS = {
+    "_npu_matmul_add_fp32": "(Tensor x, Tensor weight, Tensor(a!) C) -> ()",
+    "_npu_rotary_embedding": "(Tensor positions, Tensor(a!) query, Tensor(b!) key, int head_size, "
+                             "Tensor cos_sin_cache, bool is_neox_style) -> ()",
+    "_npu_reshape_and_cache": "(Tensor key, Tensor value, Tensor(a!) key_cache, "
+                              "Tensor(b!) value_cache, Tensor slot_indices) -> ()",
+}  # fmt: skip
+
+
+def _npu_matmul_add_fp32(x: torch.Tensor, weight: torch.Tensor, c: torch.Tensor) -> None:
     name = "_npu_matmul_add_fp32"
     calls[name] += 1
     for arg, tensor in (("x", x), ("weight", weight), ("C", c)):
@@ -57,7 +77,7 @@ def _npu_matmul_add_fp32(x: torch.Tensor, weight: torch.Tensor, c: torch.Tensor)
         )
     if len({x.device, weight.device, c.device}) != 1:
         raise ValueError(f"{name}: x, weight and C must be on one device")
-    return c.add_(x.float().t() @ weight.float())
+    c.add_(x.float().t() @ weight.float())
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, neox: bool) -> torch.Tensor:
@@ -135,8 +155,29 @@ def _npu_reshape_and_cache(
     if tuple(key_cache.shape[:2]) != tuple(value_cache.shape[:2]):
         raise ValueError(f"{name}: key_cache and value_cache must share num_blocks and block_size")
     slots = key_cache.shape[0] * key_cache.shape[1]
-    if tokens and (int(slot_indices.min()) < 0 or int(slot_indices.max()) >= slots):
-        raise ValueError(f"{name}: slot_indices must lie in [0, {slots}) (the caches' slots)")
-    index = slot_indices.long()
+    if tokens and int(slot_indices.max()) >= slots:
+        raise ValueError(f"{name}: slot_indices must lie below {slots} (the caches' slots); "
+                         "a negative slot is skipped")  # fmt: skip
+    kept = (slot_indices >= 0).nonzero().squeeze(1)  # the kernel skips slot < 0 (docstring)
+    index = slot_indices.long().index_select(0, kept)
     for tensor, cache in ((key, key_cache), (value, value_cache)):
-        cache.view(slots, *cache.shape[2:]).index_copy_(0, index, tensor)
+        cache.view(slots, *cache.shape[2:]).index_copy_(0, index, tensor.index_select(0, kept))
+
+
+def _register() -> torch.library.Library | None:
+    """Define `torch.ops.atb.<name>` for each of `SCHEMAS` with its CPU kernel (once)."""
+    if torch._C._jit_get_schemas_for_operator(f"{NAMESPACE}::_npu_reshape_and_cache"):
+        return None  # registered by an earlier import
+    library = torch.library.Library(NAMESPACE, "FRAGMENT")
+    for name, schema in SCHEMAS.items():
+        library.define(name + schema)
+        library.impl(name, globals()[name], "CPU")
+        torch.library.register_fake(f"{NAMESPACE}::{name}", lambda *args: None, lib=library)
+    return library
+
+
+_LIBRARY = _register()
+# What torch_npu binds as `torch_npu.<name>`: the operator packets.
+_npu_matmul_add_fp32 = torch.ops.atb._npu_matmul_add_fp32  # noqa: F811
+_npu_rotary_embedding = torch.ops.atb._npu_rotary_embedding  # noqa: F811
+_npu_reshape_and_cache = torch.ops.atb._npu_reshape_and_cache  # noqa: F811

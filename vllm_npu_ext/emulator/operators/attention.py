@@ -175,7 +175,7 @@ def _write_out(call: BoundCall, out: torch.Tensor, lse: torch.Tensor) -> tuple:
     return attention_out, softmax_lse
 
 
-@emulated_operator(FIA_MAX_WORKSPACE)
+@emulated_operator(FIA_MAX_WORKSPACE, host_only=True)  # aclnn sizing on the host + an allocation
 def _npu_fused_infer_attention_score_get_max_workspace(call: BoundCall) -> torch.Tensor:
     """The workspace FIA `.out` takes for graph capture (W:8389-8429): "inputs as
     npu_fused_infer_attention_score", a 1-D tensor of query's dtype (W:8514) whose size is the

@@ -36,6 +36,9 @@ NAMESPACE = "npu"
 # not; calls the binder rejected never reach it).
 calls: collections.Counter[str] = collections.Counter()
 OPERATORS: dict[str, Callable[..., Any]] = {}
+# Operators that launch no device work ("npu::op[.overload]"): host-side sizing and an
+# allocation. A captured NPU graph holds no task for them (`device/graphs.py`).
+HOST_ONLY: set[str] = set()
 _depth = 0
 _corruptions: dict[str, Callable[[Any], Any]] = {}
 
@@ -67,14 +70,16 @@ def corrupted(op_name: str, perturb: Callable[[Any], Any]) -> Iterator[None]:
 
 
 def emulated_operator(
-    op: str, overloads: tuple[str, ...] = ("",)
+    op: str, overloads: tuple[str, ...] = ("",), host_only: bool = False
 ) -> Callable[[Callable[[BoundCall], Any]], Callable[..., Any]]:
     """Register `impl(call: BoundCall)` as the CPU kernel of `torch.ops.npu.<op>` (every schema
     overload; those not in `overloads` raise NotImplementedError) and return the public
-    torch_npu-style function `op`."""
+    torch_npu-style function `op`. `host_only`: the operator launches no device work."""
 
     def decorate(impl: Callable[[BoundCall], Any]) -> Callable[..., Any]:
         register_operator(op, impl, overloads)
+        if host_only:
+            HOST_ONLY.update(f"{NAMESPACE}::{op}" + (f".{o}" if o else "") for o in overloads)
         packet = getattr(getattr(torch.ops, NAMESPACE), op)
 
         @functools.wraps(impl)

@@ -8,7 +8,8 @@ CPU kernel on CPU tensors aliasing the npu tensors' memory. The backend is not n
 
 `host_view(t)` is the CPU tensor over an npu tensor's memory (what the `hccl` stand-in hands
 to gloo); `memory_figures()` the allocator's bytes now and at peak, live allocations, pinned
-blocks and operator calls that took the CPU fallback.
+blocks and operator calls that took the CPU fallback; `set_blocked(reason)` refuses device
+work while a graph replay waits on an unrecorded event.
 """
 
 from __future__ import annotations
@@ -77,3 +78,9 @@ def memory_figures() -> MemoryFigures:
 
 def reset_peak() -> None:
     torch.ops.npu_host.reset_peak()
+
+
+def set_blocked(reason: str) -> None:
+    """While `reason` is non-empty, every operator, copy or value read on the npu device raises
+    RuntimeError naming it (the stream is blocked: `graphs`); "" unblocks."""
+    torch.ops.npu_host.set_blocked(reason)

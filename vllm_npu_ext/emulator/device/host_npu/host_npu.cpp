@@ -48,6 +48,16 @@ constexpr c10::DeviceIndex kMaxDevices = 64;
 std::atomic<c10::DeviceIndex> g_current_device{0};
 std::atomic<c10::DeviceIndex> g_device_count{1};
 std::atomic<int64_t> g_fallback_calls{0};
+// Non-empty while the device's stream is blocked (a graph replay waits on an ExternalEvent not
+// yet recorded, `graphs.py`): why. Work submitted meanwhile would wait forever on the device;
+// here it is refused with that reason.
+std::mutex g_blocked_mutex;
+std::string g_blocked;
+
+void check_not_blocked(const std::string& what) {
+  std::lock_guard<std::mutex> lock(g_blocked_mutex);
+  TORCH_CHECK(g_blocked.empty(), what, " on the npu device would wait forever: ", g_blocked);
+}
 
 c10::DeviceIndex current_device() {
   return g_current_device.load();
@@ -534,6 +544,7 @@ struct Call {
 };
 
 void host_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  check_not_blocked(op.schema().operator_name().name);
   g_fallback_calls++;
   const size_t num_arguments = op.schema().arguments().size();
   auto arguments = torch::jit::last(stack, num_arguments);
@@ -646,6 +657,7 @@ at::Tensor& set_empty(at::Tensor& self) {
 
 // Copies between npu and cpu, and within npu: both sides as host tensors.
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  check_not_blocked("a copy");
   Call call;
   at::Tensor source = call.to_host(self);
   at::Tensor target = call.to_host(dst);
@@ -659,6 +671,7 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
 }
 
 at::Scalar local_scalar_dense(const at::Tensor& self) {
+  check_not_blocked("reading a value");
   return at::native::_local_scalar_dense_cpu(host_alias(self));
 }
 
@@ -707,6 +720,11 @@ int64_t initial_seed(int64_t device) {
   return static_cast<int64_t>(generator.current_seed());
 }
 
+void set_blocked(std::string reason) {
+  std::lock_guard<std::mutex> lock(g_blocked_mutex);
+  g_blocked = std::move(reason);
+}
+
 void reset_peak() {
   Ledger& l = ledger();
   std::lock_guard<std::mutex> lock(l.mutex);
@@ -744,6 +762,7 @@ TORCH_LIBRARY(npu_host, m) {
   m.def("set_device_count(int count) -> ()", TORCH_FN(npu_host::set_device_count));
   m.def("memory_figures() -> int[]", TORCH_FN(npu_host::memory_figures));
   m.def("reset_peak() -> ()", TORCH_FN(npu_host::reset_peak));
+  m.def("set_blocked(str reason) -> ()", TORCH_FN(npu_host::set_blocked));
   m.def("manual_seed(int seed, int device) -> ()", TORCH_FN(npu_host::manual_seed));
   m.def("initial_seed(int device) -> int", TORCH_FN(npu_host::initial_seed));
 }
