@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 BENCHMARKS = Path(__file__).resolve().parent
@@ -51,14 +53,13 @@ def _tensor_bytes(value) -> int:
     return 0
 
 
-def _layer_ops(model, run) -> dict[str, int]:
-    """The device operators of the first decoder layer's forward during `run()`, counted by
-    benchmarks/op_counter.py's counter (views and bare allocations excluded; a torch_npu
-    operator is one operator)."""
+def _layer_counts(model, run) -> dict:
+    """The launches of the first decoder layer's forward during `run()` (op_counter.py: those
+    inside host-code custom ops counted, attributed to them), with the bytes each moved."""
     sys.path.insert(0, str(BENCHMARKS))
     from op_counter import OpCounter
 
-    counter = OpCounter()
+    counter = OpCounter(measure_bytes=True)
     layer = model.model.layers[model.model.start_layer]
 
     def enter(module, args) -> None:  # a pre-hook's return value would replace the arguments
@@ -74,13 +75,13 @@ def _layer_ops(model, run) -> dict[str, int]:
     finally:
         entered.remove()
         left.remove()
-    return dict(sorted(counter.ops.items()))
+    return _counts(counter)
 
 
-def _forward_ops(run) -> dict:
-    """Device operators the host dispatched during `run()` (op_counter.py's counter) and the
-    NPU graphs replayed meanwhile: in graph mode, the eager operators between replays (a
-    replay is one launch; its operators are not the host's)."""
+def _forward_counts(run) -> dict:
+    """Launches the host dispatched during `run()` (op_counter.py's counter) and the NPU
+    graphs replayed meanwhile: in graph mode, the launches between replays (a replay is one
+    launch; its operators are not the host's)."""
     sys.path.insert(0, str(BENCHMARKS))
     from op_counter import OpCounter
 
@@ -89,53 +90,86 @@ def _forward_ops(run) -> dict:
     replays = graphs.stats["replays"]
     with OpCounter() as counter:
         run()
-    return {"ops": dict(sorted(counter.ops.items())),
-            "graph_replays": graphs.stats["replays"] - replays}  # fmt: skip
+    return {**_counts(counter), "graph_replays": graphs.stats["replays"] - replays}
 
 
-def _per_layer(counts: dict[str, int], layers: int, names) -> dict[str, float]:
-    return {name: count / layers for name, count in sorted(counts.items()) if name in names}
+def _counts(counter) -> dict:
+    return {
+        "launches": dict(sorted(counter.launches.items())),
+        "inside": {op: dict(sorted(n.items())) for op, n in sorted(counter.inside.items())},
+        "bytes": {op: list(rw) for op, rw in sorted(counter.bytes.items())},
+    }
 
 
-# The operators count_ops.py counts as device operators (aten's are the host's glue): torch_npu's,
-# ours, vllm-ascend's operator library's, vLLM's and vllm-ascend's custom ops (one each: stock's
-# `vllm.unified_attention_with_output` holds its ReshapeAndCache and FIA launches) and the
-# stand-in's Triton kernels (one launch each).
-DEVICE_OPS = ("torch_npu.", "vllm_npu_ext.", "_C_ascend.", "vllm.", "triton_kernel.")
+def _per_layer(counts: dict[str, int], layers: int) -> dict[str, int]:
+    """A middle layer's share: the totals divided by `layers`, rounded down (`graph_entry`)."""
+    return {name: count // layers for name, count in sorted(counts.items()) if count >= layers}
 
 
 def graph_entry(results: dict) -> dict:
-    """A model under vllm-ascend's ACL graphs (piecewise): per decoder layer, the device
-    operators the host ran eagerly between graph replays (op_counter.py's counter), and those
-    recorded in each captured graph set (one capture size: the captures' operators divided by
-    the number of capture sizes). Operators that run once per forward (the final norm, the
-    embedding's reduce, the slot mapping) show as 1 / layers."""
-    layers, graphs = results["layers"], results["graphs"]
-    pieces = results["forward"]["graph_replays"]
-    sizes = graphs["captures"] // pieces
-    eager = {name: count for name, count in results["forward"]["ops"].items()
-             if name.startswith(DEVICE_OPS)}  # fmt: skip
-    captured = {}
+    """A model under vllm-ascend's ACL graphs, per decoder layer: the launches recorded in the
+    graphs of one capture size, and those the host issues between replays inside the layers'
+    custom ops (attention). Per layer means a middle layer: totals divided by the layer count,
+    rounded down, which leaves out what runs once per forward (the embedding, the first
+    layer's plain input norm, the final norm); that and the runner's own launches (input
+    preparation, the slot mapping, pooling) are `launches_per_forward_besides`. Host-code
+    custom ops recorded in the graphs (op_counter.HOST_CODE_OPS: at TP=1 they launch nothing,
+    vllm-ascend `ops/register_custom_ops.py:73-83`) are listed apart, not counted."""
+    sys.path.insert(0, str(BENCHMARKS))
+    from op_counter import HOST_CODE_OPS
+
+    layers, graphs, forward = results["layers"], results["graphs"], results["forward"]
+    sizes = len(results["capture_sizes"])
+    in_graphs: dict[str, int] = {}
+    host_code: dict[str, int] = {}
     for name, count in results["captured_operators"].items():  # "npu.npu_rms_norm.default"
         namespace, op = name.split(".")[:2]
-        label = ("torch_npu" if namespace == "npu" else namespace) + "." + op
-        if label.startswith(DEVICE_OPS):
-            captured[label] = captured.get(label, 0) + count // sizes
-    return {"capture_sizes": sizes, "graph_replays_per_forward": pieces,
-            "eager_between_replays_per_layer": _per_layer(eager, layers, eager),
-            "captured_per_layer": _per_layer(captured, layers, captured),
-            "kv_cache_tensor_bytes": results["kv_cache_tensor_bytes"]}  # fmt: skip
+        target = host_code if f"{namespace}::{op}" in HOST_CODE_OPS else in_graphs
+        # op_counter.py's names: aten's with their overload, the others without
+        label = name if namespace == "aten" else {"npu": "torch_npu"}.get(namespace, namespace) \
+            + "." + op  # fmt: skip
+        target[label] = target.get(label, 0) + count // sizes
+    between: dict[str, int] = {}
+    for issued in forward["inside"].values():
+        for name, count in issued.items():
+            between[name] = between.get(name, 0) + count
+    per_forward = {name: count - between.get(name, 0)
+                   for name, count in forward["launches"].items()
+                   if count > between.get(name, 0)}  # fmt: skip
+    in_graphs_per_layer = _per_layer(in_graphs, layers)
+    between_per_layer = _per_layer(between, layers)
+    return {
+        "mode": results["graph_mode"], "capture_sizes": sizes, "captures": graphs["captures"],
+        "graph_replays_per_forward": forward["graph_replays"],
+        "launches_in_graphs_per_layer": in_graphs_per_layer,
+        "launches_between_replays_per_layer": between_per_layer,
+        "launches_per_layer": sum(in_graphs_per_layer.values())
+        + sum(between_per_layer.values()),
+        "host_code_ops_in_graphs_per_capture": host_code,
+        "launches_per_forward_besides": per_forward,
+        "kv_cache_tensor_bytes": results["kv_cache_tensor_bytes"],
+        "startup_seconds": results["startup_seconds"],
+        "graph_capture": results["graph_capture_log"],
+    }  # fmt: skip
+
+
+def eager_entry(results: dict) -> dict:
+    """A model run eagerly: every launch of a decoder layer is the host's."""
+    launches = results["layer"]["launches"]
+    return {"mode": "eager", "launches_per_layer": sum(launches.values()),
+            "launches_between_replays_per_layer": launches,
+            "inside": results["layer"]["inside"], "bytes": results["layer"]["bytes"],
+            "model": results["model"], "kv_cache_tensor_bytes": results["kv_cache_tensor_bytes"],
+            "startup_seconds": results["startup_seconds"]}  # fmt: skip
 
 
 def entry(returncode: int, results: dict | None, log: str) -> dict:
-    """One side's entry from this script: its operators per decoder layer, or where
-    it stopped (the last exception line of its log)."""
+    """One side's entry from this script: its launches per decoder layer, or where it stopped
+    (the last exception line of its log)."""
     if returncode == 0 and results is not None and results["graphs"].get("captures"):
         return graph_entry(results)
     if returncode == 0 and results is not None:
-        ops = results["ops_per_layer"]
-        return {"per_layer": sum(ops.values()), "ops": ops, "model": results["model"],
-                "kv_cache_tensor_bytes": results["kv_cache_tensor_bytes"]}  # fmt: skip
+        return eager_entry(results)
     errors = [line for line in log.splitlines() if "Error:" in line]
     return {"blocked": errors[-1].strip() if errors else f"exit code {returncode}"}
 
@@ -147,6 +181,9 @@ def main() -> None:
     parser.add_argument("--texts", required=True)
     parser.add_argument("--stock", action="store_true")
     parser.add_argument("--engine-args", default="{}")
+    parser.add_argument("--token-batches", default="[]", help="JSON list of batches, each a "
+                        "list of prompt lengths: the first decoder layer's launches and bytes "
+                        "for each batch of random token ids (eager runs)")  # fmt: skip
     args = parser.parse_args()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if args.stock:
@@ -156,13 +193,17 @@ def main() -> None:
     import torch
     from vllm import LLM
 
+    logging.getLogger("vllm").addHandler(_Remember())
+
     from vllm_npu_ext.emulator.device import graphs, host_npu
     from vllm_npu_ext.emulator.runtime import registry as _runtime
 
     engine_args = dict(runner="pooling", convert="embed", dtype="float32", max_model_len=128,
                        enforce_eager=True, kv_cache_memory_bytes=16 << 20)  # fmt: skip
     engine_args.update(json.loads(args.engine_args))
+    started = time.perf_counter()
     llm = LLM(args.model, **engine_args)
+    startup_seconds = time.perf_counter() - started
     worker = llm.llm_engine.model_executor.driver_worker.worker
     runner = worker.model_runner
     model = runner.get_model()
@@ -175,8 +216,16 @@ def main() -> None:
     _runtime.reset_counts()
     # Eager: a decoder layer's forward hooks see its operators. Compiled (graph mode), the
     # layers are not Python modules that run: the whole forward is counted instead.
-    per_layer = _layer_ops(model, lambda: llm.embed(texts[:1]))
-    forward = _forward_ops(lambda: llm.embed(texts[:1]))
+    layer = _layer_counts(model, lambda: llm.embed(texts[:1]))
+    forward = _forward_counts(lambda: llm.embed(texts[:1]))
+    config = llm.llm_engine.vllm_config
+    generator = torch.Generator().manual_seed(0)
+    vocab = config.model_config.get_vocab_size()
+    batches = [[{"prompt_token_ids": torch.randint(vocab, (n,), generator=generator).tolist()}
+                for n in lengths] for lengths in json.loads(args.token_batches)]  # fmt: skip
+    token_batches = [{"tokens": sum(len(p["prompt_token_ids"]) for p in batch),
+                      **_layer_counts(model, lambda b=batch: llm.embed(b, use_tqdm=False))}
+                     for batch in batches]  # fmt: skip
     results = {
         "worker": type(worker).__module__ + "." + type(worker).__qualname__,
         "runner": type(runner).__module__ + "." + type(runner).__qualname__,
@@ -189,7 +238,11 @@ def main() -> None:
         "kv_cache_groups": len(runner.kv_cache_config.kv_cache_groups),
         "device_allocated_bytes": host_npu.memory_figures().allocated_bytes,
         "embeddings": embeddings, "embeddings_one_by_one": one_by_one,
-        "ops_per_layer": per_layer, "forward": forward, "graphs": dict(graphs.stats),
+        "layer": layer, "forward": forward, "token_batches": token_batches,
+        "graphs": dict(graphs.stats),
+        "graph_mode": _graph_mode(model, config), "startup_seconds": round(startup_seconds, 1),
+        "capture_sizes": list(config.compilation_config.cudagraph_capture_sizes or []),
+        "graph_capture_log": _capture_log(),
         "captured_operators": dict(sorted(graphs.captured_operators.items())),
         "cudagraph_mode": str(llm.llm_engine.vllm_config.compilation_config.cudagraph_mode),
         "emulated_calls": dict(_runtime.calls), "layers": layers,
@@ -199,6 +252,27 @@ def main() -> None:
     }  # fmt: skip
     with open(args.out, "w", encoding="utf-8") as file:
         json.dump(results, file)
+
+
+def _graph_mode(model, config) -> str:
+    """eager, piecewise (attention between graphs) or full (one graph per forward)."""
+    if config.model_config.enforce_eager:
+        return "eager"
+    return getattr(model, "graph_mode", "piecewise")
+
+
+def _capture_log() -> str:
+    """vLLM's line on graph capture (time, memory), from this process's log records."""
+    return next((line for line in reversed(_LOG_LINES) if "Graph capturing finished" in line),
+                "")  # fmt: skip
+
+
+_LOG_LINES: list[str] = []
+
+
+class _Remember(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        _LOG_LINES.append(record.getMessage())
 
 
 if __name__ == "__main__":

@@ -60,7 +60,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from op_counter import OpCounter  # noqa: E402
 
-TARGET_PER_LAYER = 12
+# Stock vllm-ascend's launches per decoder layer in its default (piecewise) graph mode, its
+# attention op's ReshapeAndCache, FIA and result copy included (`--vllm-ascend`).
+TARGET_PER_LAYER = 11
 # Added to vLLM's default splitting ops by vllm-ascend 0.23 in PIECEWISE mode.
 VLLM_ASCEND_SPLITTING_OPS = ("vllm::mla_forward", "vllm::dsa_forward")
 
@@ -86,8 +88,8 @@ def count_layer_ops(model, fusions, tokens: list[int]) -> dict:
     per_layer = OpCounter()
     with torch.no_grad(), per_layer:
         layer(positions, hidden, residual, step)
-    ops = dict(sorted(per_layer.ops.items()))
-    per_forward_ops = sum(per_forward.ops.values())
+    ops = dict(sorted(per_layer.launches.items()))
+    per_forward_ops = sum(per_forward.launches.values())
     return {"per_layer": sum(ops.values()), "ops": ops, "per_forward": per_forward_ops}
 
 
@@ -167,9 +169,30 @@ def _attributed(counter: OpCounter, label: str, forward):
     return run
 
 
-def count_under_vllm_ascend(site: str, model_dir: str | None) -> dict:
-    """Our model and stock vllm-ascend's, each in its own engine process (see the docstring),
-    on `model_dir` or a tiny checkpoint of the shapes stock's attention takes, in bf16."""
+# (entry, engine flags, extra environment) of `--vllm-ascend`: ours and stock vllm-ascend in
+# each mode they serve in: eager; piecewise ACL graphs (stock's default for pooling; ours where
+# FIA does not take the model, forced here with VLLM_NPU_EXT_FULL_GRAPH=0); one graph per
+# forward (ours by default for bf16 head_dim 128; vLLM 0.23 serves stock pooling in PIECEWISE
+# only, `config/vllm.py:1218-1229`).
+GRAPH_ARGS = {"enforce_eager": False}
+VLLM_ASCEND_RUNS = (
+    ("ours eager", (), {}),
+    ("stock eager", ("--stock",), {}),
+    ("ours piecewise", (), {"VLLM_NPU_EXT_FULL_GRAPH": "0", "graph": True}),
+    ("stock piecewise", ("--stock",), {"graph": True}),
+    ("ours full graph", (), {"graph": True}),
+)
+# The Qwen3-Embedding-0.6B shapes (one decoder layer) and the batches whose bytes per launch
+# `--bytes` reports: 512 tokens (one prompt), 8192 tokens (16 prompts of 512).
+BYTES_BATCHES = [[512], [512] * 16]
+BYTES_ENGINE_ARGS = {"max_model_len": 512, "max_num_batched_tokens": 8192,
+                     "kv_cache_memory_bytes": 64 << 20}  # fmt: skip
+
+
+def count_under_vllm_ascend(site: str, model_dir: str | None, measure_bytes: bool) -> dict:
+    """Ours and stock vllm-ascend, each in its own engine process per mode (see the docstring
+    and `VLLM_ASCEND_RUNS`), on `model_dir` or a tiny checkpoint of the shapes stock's attention
+    takes, in bf16. `measure_bytes`: eager only, at the Qwen3-Embedding-0.6B shapes."""
     import subprocess
 
     script = Path(__file__).resolve().parent / "_vllm_ascend_engine.py"
@@ -177,26 +200,61 @@ def count_under_vllm_ascend(site: str, model_dir: str | None) -> dict:
 
     from vllm_npu_ext.tiny_model import make_tiny_model
 
-    env = {**os.environ, "VLLM_NPU_EXT_EMULATE": "1",
-           "PYTHONPATH": os.pathsep.join([site, os.environ.get("PYTHONPATH", "")])}  # fmt: skip
-    eager = ["--engine-args", json.dumps(STOCK_ENGINE_ARGS)]
-    graph = ["--engine-args", json.dumps({**STOCK_ENGINE_ARGS, "enforce_eager": False})]
+    path = os.pathsep.join([site, os.environ.get("PYTHONPATH", "")])
+    base_env = {**os.environ, "VLLM_NPU_EXT_EMULATE": "1", "PYTHONPATH": path}
     entries = {}
     with tempfile.TemporaryDirectory(prefix="count_ops_") as scratch:
-        model_dir = model_dir or str(make_tiny_model(Path(scratch, "model"), **STOCK_CHECKPOINT))
-        for name, flags in (("vllm_ascend", eager), ("stock_vllm_ascend", ["--stock", *eager]),
-                            ("vllm_ascend_graph", graph),
-                            ("stock_vllm_ascend_graph", ["--stock", *graph])):  # fmt: skip
-            out = Path(scratch, f"{name}.json")
-            completed = subprocess.run(
-                [sys.executable, str(script), "--model", model_dir, "--out", str(out),
-                 "--texts", json.dumps(["the quick brown fox jumps over the lazy dog"]), *flags],
-                env=env, capture_output=True, text=True, check=False,
-            )  # fmt: skip
+        shape = {"preset": "0.6b", "num_hidden_layers": 1} if measure_bytes else STOCK_CHECKPOINT
+        model_dir = model_dir or str(make_tiny_model(Path(scratch, "model"), **shape))
+        for name, flags, extra in VLLM_ASCEND_RUNS:
+            extra = dict(extra)
+            graph = extra.pop("graph", False)
+            if measure_bytes and graph:
+                continue
+            engine_args = {**STOCK_ENGINE_ARGS, **(GRAPH_ARGS if graph else {}),
+                           **(BYTES_ENGINE_ARGS if measure_bytes else {})}  # fmt: skip
+            out = Path(scratch, "out.json")
+            out.unlink(missing_ok=True)
+            command = [sys.executable, str(script), "--model", model_dir, "--out", str(out),
+                       "--texts", json.dumps(["the quick brown fox jumps over the lazy dog"]),
+                       "--engine-args", json.dumps(engine_args), *flags]  # fmt: skip
+            if measure_bytes:
+                command += ["--token-batches", json.dumps(BYTES_BATCHES)]
+            completed = subprocess.run(command, env={**base_env, **extra}, capture_output=True,
+                                       text=True, check=False)  # fmt: skip
             results = json.loads(out.read_text()) if out.exists() else None
             entries[name] = entry(completed.returncode, results,
                                   completed.stdout + completed.stderr)  # fmt: skip
+            if measure_bytes and results is not None:
+                entries[name]["token_batches"] = results["token_batches"]
     return entries
+
+
+def _print_launch_table(entries: dict) -> None:
+    print("| under vllm-ascend (per decoder layer) | launches | in graphs | between replays "
+          "| replays per forward | KV cache bytes |\n|---|---:|---:|---:|---:|---:|")
+    for name, entry in entries.items():
+        if "blocked" in entry:
+            print(f"| {name} | blocked: {entry['blocked']} | | | | |")
+            continue
+        in_graphs = sum(entry.get("launches_in_graphs_per_layer", {}).values())
+        between = entry["launches_between_replays_per_layer"]
+        print(f"| {name} | {entry['launches_per_layer']:g} | {in_graphs:g} | "
+              f"{sum(between.values()):g} ({', '.join(f'{k} {v:g}' for k, v in between.items())})"
+              f" | {entry.get('graph_replays_per_forward', 0)} | "
+              f"{entry['kv_cache_tensor_bytes']} |")  # fmt: skip
+
+
+def _print_bytes_table(entries: dict) -> None:
+    for name, entry in entries.items():
+        for batch in entry.get("token_batches", []):
+            print(f"\n{name}, {batch['tokens']} tokens: launch: MiB read / written")
+            total = [0, 0]
+            for op, (read, written) in batch["bytes"].items():
+                count = batch["launches"].get(op, 1)
+                print(f"  {op} x{count}: {read / 2**20:.1f} / {written / 2**20:.1f}")
+                total = [total[0] + read, total[1] + written]
+            print(f"  total: {total[0] / 2**20:.1f} / {total[1] / 2**20:.1f} MiB")
 
 
 def main() -> int:
@@ -205,6 +263,9 @@ def main() -> int:
     parser.add_argument("--tokens", default="37,5,120", help="sequence lengths of the batch")
     parser.add_argument("--vllm-ascend", metavar="SITE",
                         help="count under vllm-ascend (installed at SITE), for us and for stock")
+    parser.add_argument("--bytes", action="store_true",
+                        help="with --vllm-ascend: bytes each launch of a decoder layer moves, at "
+                        "the Qwen3-Embedding-0.6B shapes with 512 and 8192 tokens (eager)")
     args = parser.parse_args()
     tokens = [int(t) for t in args.tokens.split(",")]
 
@@ -213,15 +274,10 @@ def main() -> int:
     from vllm_npu_ext.tiny_model import make_tiny_model
 
     if args.vllm_ascend:
-        entries = count_under_vllm_ascend(str(Path(args.vllm_ascend).resolve()), args.model)
-        print("| under vllm-ascend | ops per decoder layer |\n|---|---|")
-        for name, entry in entries.items():
-            if "eager_between_replays_per_layer" in entry:
-                figure = (f"{entry['eager_between_replays_per_layer']} eager between replays, "
-                          f"{entry['captured_per_layer']} in graphs")  # fmt: skip
-            else:
-                figure = entry.get("per_layer", "blocked: " + entry.get("blocked", ""))
-            print(f"| {name} | {figure} |")
+        site = str(Path(args.vllm_ascend).resolve())
+        entries = count_under_vllm_ascend(site, args.model, args.bytes)
+        _print_launch_table(entries)
+        _print_bytes_table(entries)
         print(json.dumps(entries))
         return 0
     model_dir = args.model or str(make_tiny_model(tempfile.mkdtemp(prefix="count_ops_")))

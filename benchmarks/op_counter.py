@@ -1,38 +1,60 @@
-"""The device-operator counter `count_ops.py` and `_vllm_ascend_engine.py` share.
+"""The device-launch counter `count_ops.py` and `_vllm_ascend_engine.py` share.
 
 A torch dispatch mode that counts every operator that launches work on the device, as a
 dispatch mode sees them: each torch_npu operator (one opaque `npu::` torch operator under the
-emulator, as on a real NPU) and every ATen operator that launches work on activations (views,
-aliases and bare allocations excluded).
+emulator, as on a real NPU), each vllm-ascend library or Triton kernel (one launch), and every
+ATen operator that launches work on activations (views, aliases and bare allocations excluded).
+
+Custom operators whose kernel is host code issuing device work (`HOST_CODE_OPS`: ours, and
+vLLM's and vllm-ascend's Python custom ops) are not launches themselves: the counter enters
+them and counts what they issue, attributed to them (`inside`), so stock's attention op shows
+as its ReshapeAndCache, FIA and result copy. With `measure_bytes`, each launch's bytes are
+summed from tensor sizes: read = its tensor arguments, written = its results and the
+arguments it writes (in place, `out=`), a result that is a written argument counted once.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 # Allocations and reshapes that move no data launch no device work.
 FREE_OPS = {
     "empty.memory_format", "empty_like.default", "empty_strided.default", "_unsafe_view.default",
 }
+# Custom operators whose kernel is host code (sources: ours `model_executor/layers/
+# cache_free_op.py`; vLLM 0.23 `attention/layer.py` unified_attention(_with_output), vllm-ascend
+# 0.23 `ops/register_custom_ops.py` maybe_chunk_residual, maybe_pad_and_reduce: Python
+# functions registered for the NPU key that call torch_npu / ATB / collectives).
+HOST_CODE_OPS = {
+    "vllm_npu_ext::cache_free_attention", "vllm_npu_ext::cache_free_attention_in_graph",
+    "vllm::unified_attention_with_output", "vllm::unified_attention",
+    "vllm::maybe_chunk_residual", "vllm::maybe_pad_and_reduce",
+}  # fmt: skip
 
 
 class OpCounter(TorchDispatchMode):
-    """Counts operators, under the name of the graph piece running (`piece`).
+    """Counts launches (module docstring), under the name of the graph piece running (`piece`).
 
-    A torch_npu operator counts once (what it does inside is the device's). Our own Python
-    ops (`vllm_npu_ext::`) count once as operators, and the operators they issue are counted
-    apart, as `device_ops` of the piece.
+    ops: the operators the host dispatched at the top level (a host-code op once, by name);
+    launches: device launches, those inside host-code ops included; inside: host-code op ->
+    the launches it issued; device_ops: piece -> launches issued inside host-code ops there;
+    bytes: launch -> [bytes read, bytes written] (with `measure_bytes`).
     """
 
-    def __init__(self):
+    def __init__(self, measure_bytes: bool = False):
         super().__init__()
         self.ops: Counter[str] = Counter()
+        self.launches: Counter[str] = Counter()
+        self.inside: dict[str, Counter[str]] = defaultdict(Counter)
         self.by_piece: dict[str, Counter[str]] = {}
         self.device_ops: dict[str, Counter[str]] = {}
+        self.bytes: dict[str, list[int]] = defaultdict(lambda: [0, 0])
         self.piece: str | None = None
+        self.measure_bytes = measure_bytes
         self._inside: str | None = None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -40,18 +62,32 @@ class OpCounter(TorchDispatchMode):
         if not _launches_work(func):
             return func(*args, **kwargs)
         name = _op_name(func)
-        if self._inside is not None:  # issued by one of our ops
+        if self._inside is None:
+            self.ops[name] += 1
+            if self.piece is not None:
+                self.by_piece.setdefault(self.piece, Counter())[name] += 1
+        if func.name() in HOST_CODE_OPS and self._inside is None:
+            return self._enter(func, name, args, kwargs)
+        if self._inside is not None:
+            self.inside[self._inside][name] += 1
             self.device_ops.setdefault(self.piece, Counter())[name] += 1
-            return func(*args, **kwargs)
-        self.ops[name] += 1
-        if self.piece is not None:
-            self.by_piece.setdefault(self.piece, Counter())[name] += 1
-        if func.namespace != "vllm_npu_ext":
-            return func(*args, **kwargs)
+        self.launches[name] += 1
+        out = func(*args, **kwargs)
+        if self.measure_bytes:
+            read, written = _bytes(func, args, kwargs, out)
+            self.bytes[name][0] += read
+            self.bytes[name][1] += written
+        return out
+
+    def _enter(self, func, name: str, args, kwargs):
+        """Run a host-code op's kernel with this counter on, its launches attributed to it."""
+        key = next(k for k in ("PrivateUse1", "CompositeExplicitAutograd", "CPU")
+                   if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), k))  # fmt: skip
         self._inside = name
+        self.inside.setdefault(name, Counter())
         try:
-            with self:  # its kernel (one for every backend), with its operators seen
-                return func._op_dk(torch._C.DispatchKey.CompositeExplicitAutograd, *args, **kwargs)
+            with self:
+                return func._op_dk(getattr(torch._C.DispatchKey, key), *args, **kwargs)
         finally:
             self._inside = None
 
@@ -62,8 +98,33 @@ def _op_name(func) -> str:
 
 
 def _launches_work(func) -> bool:
-    """False for views (a result aliasing an input, unwritten) and bare allocations."""
-    if func.__name__ in FREE_OPS:
+    """False for views (a result aliasing an input, unwritten), bare allocations and the
+    stand-in device's own control calls (`npu_host::`, no device work)."""
+    if func.__name__ in FREE_OPS or func.namespace == "npu_host":
         return False
     returns = func._schema.returns
     return not any(r.alias_info is not None and not r.alias_info.is_write for r in returns)
+
+
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _tensors(value) -> list[torch.Tensor]:
+    return [leaf for leaf in tree_flatten(value)[0] if isinstance(leaf, torch.Tensor)]
+
+
+def _bytes(func, args, kwargs, out) -> tuple[int, int]:
+    """(read, written) of one launch from tensor sizes (module docstring)."""
+    written_args: list[torch.Tensor] = []
+    read_args: list[torch.Tensor] = []
+    bound = dict(zip((a.name for a in func._schema.arguments), args, strict=False))
+    bound.update(kwargs)
+    for argument in func._schema.arguments:
+        value = bound.get(argument.name)
+        writes = argument.name == "out" or (
+            argument.alias_info is not None and argument.alias_info.is_write)  # fmt: skip
+        (written_args if writes else read_args).extend(_tensors(value))
+    seen = {t.data_ptr() for t in written_args}
+    fresh = [t for t in _tensors(out) if t.data_ptr() not in seen]
+    return _nbytes(read_args), _nbytes(written_args) + _nbytes(fresh)

@@ -62,6 +62,12 @@ def test_rotary_matches_reference(npu, case):
     _check(npu, case)
 
 
+@pytest.mark.parametrize("case", unit_cases("rotary_qk"), ids=str)
+def test_rotary_of_q_and_k_in_one_launch_matches_reference(npu, case):
+    """npu_mrope, full and partial rotary_dim: one call for q and k together."""
+    assert [p.output for p in _check(npu, case)] == ["q", "k"]
+
+
 def test_rotary_rejects_mismatched_tables():
     x = torch.zeros(5, 2, 32)
     with pytest.raises(ValueError, match="cos and sin must be"):

@@ -92,7 +92,7 @@ def test_opt_in_generation_runs_our_class_and_equals_hf_generate(runs, hf_tokens
 
 def test_opt_in_generation_on_the_npu_path_runs_fused_operators(runs):
     calls = runs("ours, NPU path")["fused_calls"]
-    for operator in ("npu_linear", "npu_rms_norm", "npu_add_rms_norm", "npu_rotary_mul",
+    for operator in ("npu_linear", "npu_rms_norm", "npu_add_rms_norm", "npu_mrope",
                      "npu_swiglu"):  # fmt: skip
         assert calls.get(operator, 0) > 0, calls
     # float32: q/k/v through the merged projection (npu_grouped_matmul takes one tensor only).

@@ -21,7 +21,7 @@ from vllm_npu_ext.selfcheck.tolerances import Tolerance
 
 # One operator family per fused op selfcheck checks (our custom op included).
 OPERATORS = [
-    "npu_rms_norm", "npu_add_rms_norm", "npu_rotary_mul", "npu_swiglu", "npu_linear",
+    "npu_rms_norm", "npu_add_rms_norm", "npu_rotary_mul", "npu_mrope", "npu_swiglu", "npu_linear",
     "npu_grouped_matmul", "npu_fused_infer_attention_score", "npu_fusion_attention",
     "npu_attention_update", "npu_ext_attention_update",
 ]  # fmt: skip

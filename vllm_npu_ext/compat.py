@@ -98,6 +98,14 @@ def packed_seqs_for_layer(layer_name: str, num_tokens: int) -> PackedSeqs:
     return seqs.padded_to(num_tokens)
 
 
+def layer_module(layer_name: str) -> Any:
+    """The attention layer registered as `layer_name` in the running forward context (vLLM's
+    `static_forward_context`), or None outside a forward."""
+    if not is_forward_context_available():
+        return None
+    return get_forward_context().no_compile_layers.get(layer_name)
+
+
 def _layer_metadata(layer_name: str) -> Any:
     if not is_forward_context_available():
         return None
@@ -185,6 +193,14 @@ def add_default_splitting_op(op_name: str) -> None:
 
     if op_name not in CompilationConfig._attention_ops:
         CompilationConfig._attention_ops.append(op_name)
+
+
+def remove_default_splitting_op(op_name: str) -> None:
+    """Take `op_name` out of vLLM's default splitting ops again (`add_default_splitting_op`)."""
+    from vllm.config.compilation import CompilationConfig
+
+    if op_name in CompilationConfig._attention_ops:
+        CompilationConfig._attention_ops.remove(op_name)
 
 
 def piecewise_mode() -> Any:

@@ -19,7 +19,16 @@ FUSIONS: dict[str, tuple[str, str]] = {
     ),
     "rms_norm": ("npu_rms_norm (also the per-head q/k norms)", "float32 pow/mean/rsqrt/mul"),
     "add_rms_norm": ("npu_add_rms_norm (residual add + RMSNorm)", "add, then the unfused RMSNorm"),
-    "rotary": ("npu_rotary_mul (half mode, TND viewed as (1, T, N, D))", "rotate_half in PyTorch"),
+    "rotary": (
+        "npu_mrope for q and k in one launch from vLLM's cos_sin_cache (npu_rotary_mul per "
+        "tensor where npu_mrope does not take the head size)",
+        "rotate_half in PyTorch",
+    ),
+    "qk_norm_rope": (
+        "vllm-ascend's vllm.qkv_rmsnorm_rope on the merged q/k/v projection (split, q/k "
+        "RMSNorm and RoPE in one launch; bfloat16, head_dim 128, where vllm-ascend registers it)",
+        "the q/k norms and rotary as their own switches say",
+    ),
     "swiglu": ("npu_swiglu on the merged gate/up projection", "silu(gate) * up"),
     "grouped_qkv": (
         "npu_grouped_matmul with pre-transposed [K, N] q/k/v weights",
@@ -31,6 +40,7 @@ FUSIONS: dict[str, tuple[str, str]] = {
 MASTER_SWITCH = "VLLM_NPU_EXT_FUSED"
 COMPILE_SWITCH = "VLLM_NPU_EXT_COMPILE"
 KV_CACHE_FREE_SWITCH = "VLLM_NPU_EXT_KV_CACHE_FREE"
+FULL_GRAPH_SWITCH = "VLLM_NPU_EXT_FULL_GRAPH"
 ATTENTION_OP = "VLLM_NPU_EXT_ATTENTION_OP"
 ATTENTION_OPS = ("fused_infer_attention_score", "fusion_attention")
 
@@ -55,6 +65,12 @@ VARIABLES: dict[str, tuple[str, str]] = {
         "1",
         "1: pooling runs allocate and write no KV cache (prefix caching and chunked prefill "
         "are then off); 0: keep vLLM's KV cache for pooling",
+    ),
+    FULL_GRAPH_SWITCH: (
+        "1",
+        "0: cache-free pooling on the NPU path splits its graphs at attention (piecewise); 1: "
+        "one graph per forward with attention inside, its sequence lengths updated per replay, "
+        "where FIA takes the model (bfloat16, head_dim 128 or 192)",
     ),
     COMPILE_SWITCH: (
         "1",
@@ -133,6 +149,7 @@ class FusionConfig:
     rms_norm: bool = True
     add_rms_norm: bool = True
     rotary: bool = True
+    qk_norm_rope: bool = True
     swiglu: bool = True
     grouped_qkv: bool = True
     linear: bool = True

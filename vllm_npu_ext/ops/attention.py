@@ -115,45 +115,68 @@ def varlen_attention(
     causal: bool = True,
     npu: ModuleType | None = None,
     operator: str = FUSED_INFER,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention within each packed sequence.
 
     q `[T, Nq, D]`, k and v `[T, Nkv, D]` with Nq a multiple of Nkv (GQA), `seqs` covering
     exactly T tokens, `scale` usually `D**-0.5` -> `[T, Nq, D]` in q's dtype. With `npu`,
     `operator` must take these shapes (`choose_operator`; ValueError otherwise); batches
-    beyond its sequence limit run as several calls.
+    beyond its sequence limit run as several calls. `out` (contiguous, like q): the result is
+    written there and returned; FIA writes it itself (its `.out` overload), the others are
+    copied into it.
     """
     _check_shapes(q, k, v, seqs)
     if npu is None:
-        return varlen_attention_native(q, k, v, seqs, scale, causal)
+        return _into(out, varlen_attention_native(q, k, v, seqs, scale, causal))
     problem = unsupported_reason(operator, q.dtype, q.shape[2], q.shape[1], k.shape[1])
     if problem is not None:
         raise ValueError(f"operator: npu_{operator} {problem} (see choose_operator)")
     outputs = []
     for start, chunk in seqs.chunks(MAX_SEQS[operator], MAX_TOKENS):
         rows = slice(start, start + chunk.num_tokens)
+        target = None if out is None else out[rows]
         outputs.append(_fused_attention(npu, operator, q[rows], k[rows], v[rows], chunk, scale,
-                                        causal))  # fmt: skip
+                                        causal, target))  # fmt: skip
+    if out is not None:
+        return out
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
 
 
-def _fused_attention(npu, operator, q, k, v, seqs: PackedSeqs, scale: float, causal: bool):
-    """One fused operator call on a batch within the operator's limits."""
-    mask = compressed_causal_mask(q.device) if causal else None
-    sparse_mode = SPARSE_MODE_CAUSAL if causal else SPARSE_MODE_NONE
+def _into(out: torch.Tensor | None, result: torch.Tensor) -> torch.Tensor:
+    return result if out is None else out.copy_(result)
+
+
+def fia_tnd_kwargs(q: torch.Tensor, k: torch.Tensor, seqs: PackedSeqs, scale: float,
+                   causal: bool = True) -> dict:  # fmt: skip
+    """FIA's keyword arguments for packed TND attention of q `[T, Nq, D]` and k `[T, Nkv, D]`
+    over `seqs` (cumulative lengths, equal for q and kv)."""
     lengths = seqs.actual_seq_lengths
-    if operator == FUSION:
-        return npu.npu_fusion_attention(
-            q, k, v, q.shape[1], "TND",
-            atten_mask=mask, scale=scale, sparse_mode=sparse_mode,
-            actual_seq_qlen=lengths, actual_seq_kvlen=lengths,
-        )[0]  # fmt: skip
-    out, _ = npu.npu_fused_infer_attention_score(
-        q, k, v,
-        atten_mask=mask, actual_seq_lengths=lengths, actual_seq_lengths_kv=lengths,
+    return dict(
+        atten_mask=compressed_causal_mask(q.device) if causal else None,
+        actual_seq_lengths=lengths, actual_seq_lengths_kv=lengths,
         num_heads=q.shape[1], num_key_value_heads=k.shape[1], scale=scale,
-        input_layout="TND", sparse_mode=sparse_mode,
+        input_layout="TND", sparse_mode=SPARSE_MODE_CAUSAL if causal else SPARSE_MODE_NONE,
     )  # fmt: skip
+
+
+def _fused_attention(npu, operator, q, k, v, seqs: PackedSeqs, scale: float, causal: bool,
+                     out: torch.Tensor | None):  # fmt: skip
+    """One fused operator call on a batch within the operator's limits (into `out` if given)."""
+    kwargs = fia_tnd_kwargs(q, k, seqs, scale, causal)
+    if operator == FUSION:  # the same mask, mode and lengths under FA's names
+        lengths = seqs.actual_seq_lengths
+        return _into(out, npu.npu_fusion_attention(
+            q, k, v, q.shape[1], "TND",
+            atten_mask=kwargs["atten_mask"], scale=scale, sparse_mode=kwargs["sparse_mode"],
+            actual_seq_qlen=lengths, actual_seq_kvlen=lengths,
+        )[0])  # fmt: skip
+    if out is None:
+        return npu.npu_fused_infer_attention_score(q, k, v, **kwargs)[0]
+    # `.out` writes the result where the caller wants it (no copy); its softmax_lse output is
+    # unused without softmax_lse_flag (a one-element placeholder, as vllm-ascend passes).
+    placeholder = torch.empty(1, dtype=q.dtype, device=q.device)
+    npu.npu_fused_infer_attention_score.out(q, k, v, **kwargs, out=[out, placeholder])
     return out
 
 

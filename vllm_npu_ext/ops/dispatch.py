@@ -82,3 +82,10 @@ def npu_available() -> bool:
         return bool(torch.npu.is_available())  # type: ignore[attr-defined]
     except (AttributeError, RuntimeError):
         return False
+
+
+def graph_capturing(npu: ModuleType | None) -> bool:
+    """Whether an NPU graph capture is under way on the current stream (`torch_npu.npu`; the
+    emulator without the stand-in's device has no `npu` submodule, and no graphs)."""
+    device = getattr(npu, "npu", None)
+    return device is not None and device.is_current_stream_capturing()

@@ -36,15 +36,18 @@ import torch
 
 MAX_MODEL_LEN = 512
 EMULATED_MEMORY_UTILIZATION = 0.3  # CPU: vLLM checks this fraction of host memory is free
-# Fusion -> the torch_npu operator it calls (attention: npu_<attention_op>).
+# Fusion -> the torch_npu operator it calls (attention: npu_<attention_op>; rotary and the q/k
+# norms: by the model's q/k path, QK_PATH_OPERATORS).
 FUSED_OPERATORS = {
     "rms_norm": "npu_rms_norm",
     "add_rms_norm": "npu_add_rms_norm",
-    "rotary": "npu_rotary_mul",
     "swiglu": "npu_swiglu",
     "grouped_qkv": "npu_grouped_matmul",
     "linear": "npu_linear",
 }
+# The model's q/k path (`Qwen3Model.qk_path`) -> the torch_npu operator it adds; vllm-ascend's
+# `vllm.qkv_rmsnorm_rope` is not a torch_npu operator and is not counted here.
+QK_PATH_OPERATORS = {"mrope": "npu_mrope", "rotary_mul": "npu_rotary_mul"}
 ATTENTION_OPERATORS = ("npu_fused_infer_attention_score", "npu_fusion_attention")
 
 
@@ -65,6 +68,11 @@ class CallCounter:
             self.counts[name] += 1
             return function(*args, **kwargs)
 
+        # Calls of a named overload (`npu_fused_infer_attention_score.out`) count too.
+        for overload in ("default", "out"):
+            target = getattr(function, overload, None)
+            if callable(target):
+                setattr(counted, overload, self._counting(name, target))
         return counted
 
 
@@ -113,6 +121,7 @@ def npu_path_info(model) -> dict:
         "forward_packed": hasattr(inner, "forward_packed"),
         "fusions": fusions.active() if fusions is not None else [],
         "attention_op": getattr(fusions, "attention_op", None),
+        "qk_path": inner.qk_path(fusions) if fusions is not None else None,
         "device": str(parameter.device),
         "dtype": str(parameter.dtype).removeprefix("torch."),
     }
@@ -157,7 +166,8 @@ def fusion_variants(llm, texts: Sequence[str]) -> dict[str, torch.Tensor]:
 def fused_call_counter(module) -> CallCounter:
     """Counts the calls of every fused operator (and both attention operators) of `module`
     (torch_npu or its emulator; None counts nothing) from now on."""
-    return CallCounter(module, [*FUSED_OPERATORS.values(), *ATTENTION_OPERATORS])
+    names = [*FUSED_OPERATORS.values(), *QK_PATH_OPERATORS.values(), *ATTENTION_OPERATORS]
+    return CallCounter(module, names)
 
 
 def _count_fused_calls(emulate: bool) -> CallCounter:

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from vllm_npu_ext import QWEN3_MODULE
-from vllm_npu_ext.selfcheck.engine_probe import FUSED_OPERATORS
+from vllm_npu_ext.selfcheck.engine_probe import FUSED_OPERATORS, QK_PATH_OPERATORS
 from vllm_npu_ext.selfcheck.hf_oracle import hf_embeddings
 from vllm_npu_ext.selfcheck.parity import dtype_name
 from vllm_npu_ext.selfcheck.report import CheckResult
@@ -125,6 +125,8 @@ def _fused_calls_result(base: dict, run: dict[str, Any]) -> CheckResult:
     """Every active fusion's operator was called while the engine embedded the batch."""
     path, calls = run["npu_path"], run["fused_calls"]
     expected = [FUSED_OPERATORS[f] for f in path["fusions"] if f in FUSED_OPERATORS]
+    if path.get("qk_path") in QK_PATH_OPERATORS:
+        expected.append(QK_PATH_OPERATORS[path["qk_path"]])
     if "attention" in path["fusions"]:
         expected.append(f"npu_{path['attention_op']}")
     missing = [op for op in expected if not calls.get(op)]

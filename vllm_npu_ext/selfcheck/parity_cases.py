@@ -92,6 +92,24 @@ def _rotary(npu, x, cos, sin):
     return [rotary.apply_rotary(x, cos, sin, npu=npu)]
 
 
+def _rotary_qk_inputs(dtype, tokens, q_heads, kv_heads, head_dim, rotary_dim=None,
+                      max_position=512, base=10000.0):  # fmt: skip
+    rotary_dim = rotary_dim or head_dim
+    inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2).float() / rotary_dim))
+    freqs = torch.outer(torch.arange(max_position).float(), inv_freq)
+    generator = torch.Generator().manual_seed(3)
+    return {
+        "q": randn(tokens, q_heads, head_dim, dtype=dtype),
+        "k": randn(tokens, kv_heads, head_dim, dtype=dtype, seed=1),
+        "positions": torch.randint(0, max_position, (tokens,), generator=generator),
+        "cos_sin_cache": torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dtype),
+    }
+
+
+def _rotary_qk(npu, q, k, positions, cos_sin_cache):
+    return list(rotary.apply_rotary_qk(q, k, positions, cos_sin_cache, npu=npu))
+
+
 def _swiglu_inputs(dtype, shape):
     return {"x": randn(*shape, dtype=dtype)}
 
@@ -215,6 +233,7 @@ OPS: dict[str, OpSpec] = {
         "npu_add_rms_norm", _add_rms_norm_inputs, _add_rms_norm, outputs=("y", "x_sum")
     ),
     "rotary": OpSpec("npu_rotary_mul", _rotary_inputs, _rotary),
+    "rotary_qk": OpSpec("npu_mrope", _rotary_qk_inputs, _rotary_qk, outputs=("q", "k")),
     "swiglu": OpSpec("npu_swiglu", _swiglu_inputs, _swiglu),
     "linear": OpSpec("npu_linear", _linear_inputs, _linear),
     "grouped_qkv": OpSpec(

@@ -69,6 +69,14 @@ UNIT_CASES: list[OpCase] = [
             for t, n, d in [(1, 1, 32), (7, 4, 64), (33, 3, 128)]
         ],
     ),
+    *_grid(  # npu_mrope's domain: head_dim and rotary_dim multiples of 32 (ops/rotary.py)
+        "rotary_qk",
+        DTYPES,
+        [
+            {"tokens": t, "q_heads": q, "kv_heads": kv, "head_dim": d, "rotary_dim": r}
+            for t, q, kv, d, r in [(1, 1, 1, 32, 32), (7, 4, 2, 64, 64), (33, 3, 1, 128, 64)]
+        ],
+    ),
     *_grid("swiglu", DTYPES, [{"shape": s} for s in [(1, 64), (7, 2 * 3072 // 8), (33, 18)]]),
     *_grid(
         "linear",
@@ -140,6 +148,8 @@ def _layer_cases(model: str, shape: ModelShape, dtype: torch.dtype, tokens: int)
         ("add_rms_norm", {"tokens": tokens, "hidden": h}),
         ("rotary", {"tokens": tokens, "heads": shape.heads, **rope}),
         ("rotary", {"tokens": tokens, "heads": shape.kv_heads, **rope}),
+        ("rotary_qk", {"tokens": tokens, "q_heads": shape.heads, "kv_heads": shape.kv_heads,
+                       **rope}),  # fmt: skip
         ("swiglu", {"shape": (tokens, 2 * inter)}),
         ("linear", {"tokens": tokens, "k": h, "n": shape.qkv_size}),  # merged qkv
         ("linear", {"tokens": tokens, "k": shape.heads * d, "n": h}),  # o_proj

@@ -1,9 +1,12 @@
 """Qwen3 self-attention: fused QKV, per-head q/k RMSNorm, rotary, causal GQA attention.
 
 On the platform path this is vLLM's Qwen3 attention (its modules and kernels). On the NPU
-path every step maps to one torch_npu operator: q/k/v from one grouped matmul on
-pre-transposed weights (or one merged matmul), `npu_rms_norm` per head, `npu_rotary_mul`,
-then `npu_fused_infer_attention_score` on the packed batch (TND, native GQA). Without a KV
+path every step maps to one device operator: where vllm-ascend registers its
+`vllm.qkv_rmsnorm_rope` (bf16, head_dim 128), one merged q/k/v matmul and that operator
+(split, q/k norms and RoPE); otherwise q/k/v from one grouped matmul on pre-transposed
+weights (or one merged matmul), `npu_rms_norm` per q and k, and `npu_mrope` for both (or
+`npu_rotary_mul` per tensor); then `npu_fused_infer_attention_score` on the packed batch
+(TND, native GQA). Without a KV
 cache, attention is the op `vllm_npu_ext::cache_free_attention` (`cache_free_op`), which reads
 the batch's sequence boundaries itself and at which vLLM splits its compiled graphs.
 """
@@ -20,8 +23,8 @@ from vllm.model_executor.layers.rotary_embedding import get_rope
 
 from vllm_npu_ext.model_executor.layers import cache_free_op, fused
 from vllm_npu_ext.model_executor.layers.cache_free_attention import CacheFreeCausalAttention
-from vllm_npu_ext.model_executor.layers.npu_step import NpuStep
-from vllm_npu_ext.ops import attention, linear, rotary
+from vllm_npu_ext.model_executor.layers.npu_step import QK_FUSED, QK_MROPE, NpuStep
+from vllm_npu_ext.ops import attention, linear, qk_norm_rope, rotary
 
 
 class Qwen3Attention(nn.Module):
@@ -76,6 +79,10 @@ class Qwen3Attention(nn.Module):
             return self._forward_platform(positions, hidden_states)
         return self._forward_npu(hidden_states, step)
 
+    @property
+    def neox(self) -> bool:
+        return getattr(self.rotary_emb, "is_neox_style", True)
+
     def _forward_platform(self, positions: torch.Tensor, hidden_states: torch.Tensor):
         qkv, _ = self.qkv_proj(hidden_states)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -87,12 +94,7 @@ class Qwen3Attention(nn.Module):
 
     def _forward_npu(self, hidden_states: torch.Tensor, step: NpuStep) -> torch.Tensor:
         tokens = hidden_states.shape[0]
-        q, k, v = self._project_qkv(hidden_states, step)
-        q = fused.rms_norm(self.q_norm, q.view(tokens, self.num_heads, self.head_dim), step)
-        k = fused.rms_norm(self.k_norm, k.view(tokens, self.num_kv_heads, self.head_dim), step)
-        q = rotary.apply_rotary(q, step.cos, step.sin, npu=step.ops("rotary"))
-        k = rotary.apply_rotary(k, step.cos, step.sin, npu=step.ops("rotary"))
-        v = v.view(tokens, self.num_kv_heads, self.head_dim)
+        q, k, v = self._qkv_normed_and_rotated(hidden_states, step)
         if step.seqs is not None:  # explicit boundaries (forward_packed)
             out = attention.varlen_attention(
                 q, k, v, step.seqs, self.scaling,
@@ -102,10 +104,31 @@ class Qwen3Attention(nn.Module):
             out = cache_free_op.cache_free_attention(
                 q, k, v, self.attn.layer_name, self.scaling,
                 step.fusions.attention, step.fusions.attention_op,
+                in_graph=getattr(self.attn, "full_graph", None) is not None,
             ).view(tokens, -1)  # fmt: skip
         else:  # KV cache present: vLLM's attention layer owns it
             out = self.attn(q.view(tokens, -1), k.view(tokens, -1), v.view(tokens, -1))
         return fused.project(self.o_proj, out, step)
+
+    def _qkv_normed_and_rotated(self, hidden_states: torch.Tensor, step: NpuStep):
+        """q `[T, Nq, D]`, k and v `[T, Nkv, D]`, q and k normed and rotated (`step.qk_path`)."""
+        tokens = hidden_states.shape[0]
+        if step.qk_path == QK_FUSED:
+            qkv = fused.project(self.qkv_proj, hidden_states, step)
+            sizes = (self.q_size, self.kv_size, self.head_dim)
+            return qk_norm_rope.qkv_norm_rope(
+                qkv, step.positions, step.cos_sin_cache, (self.q_norm, self.k_norm), sizes,
+                fused=True,
+            )  # fmt: skip
+        q, k, v = self._project_qkv(hidden_states, step)
+        q = fused.rms_norm(self.q_norm, q.view(tokens, self.num_heads, self.head_dim), step)
+        k = fused.rms_norm(self.k_norm, k.view(tokens, self.num_kv_heads, self.head_dim), step)
+        if step.qk_path == QK_MROPE:
+            q, k = rotary.apply_rotary_qk(q, k, step.positions, step.cos_sin_cache, npu=step.npu)
+        else:  # npu_rotary_mul per tensor (None: the reference) on the gathered tables
+            q = rotary.apply_rotary(q, step.cos, step.sin, npu=step.ops("rotary"))
+            k = rotary.apply_rotary(k, step.cos, step.sin, npu=step.ops("rotary"))
+        return q, k, v.view(tokens, self.num_kv_heads, self.head_dim)
 
     def _project_qkv(self, hidden_states: torch.Tensor, step: NpuStep):
         if step.fusions.grouped_qkv and self.qkv_weights_kn is not None:

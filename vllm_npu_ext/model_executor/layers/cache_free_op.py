@@ -6,7 +6,10 @@ graph that captured them would replay stale boundaries, so attention must run ou
 compiled and captured graphs, and it must be the only code that reads them. This op is that
 boundary:
 
-- vLLM splits its piecewise graphs at it (`SPLITTING_OP`, which the config hook in
+- where FIA takes the model (bfloat16, head_dim 128/192), vLLM captures the whole forward as
+  one graph with this op inside: called while a capture is under way it captures FIA as
+  `layers/full_graph.py` describes, and the model updates its lengths after each replay;
+- elsewhere vLLM splits its piecewise graphs at it (`SPLITTING_OP`, which the config hook in
   `models/qwen3_config.py` adds to the splitting ops, beside vLLM's own
   `vllm::unified_attention_with_output`), so on Ascend everything else in a decoder layer is
   captured by vllm-ascend's piecewise ACL graphs and this op runs eagerly between them;
@@ -19,9 +22,10 @@ boundary:
   so the graph after it reads the same address on every replay (vllm-ascend's
   `ACLGraphWrapper` replays with the captured input addresses and copies nothing,
   `vllm_ascend/compilation/acl_graph.py:168-169,236-257`); a fresh result tensor would be
-  read from its capture-time address. The result is copied into it, as vllm-ascend's own
-  attention does (`output[:num_tokens] = attn_output[:num_tokens]`,
-  `vllm_ascend/attention/attention_v1.py:1543-1544`);
+  read from its capture-time address. FIA writes its result there itself (its `.out`
+  overload, W:8477-8530), one launch; `npu_fusion_attention`'s result is copied into it, as
+  vllm-ascend's own attention copies FIA's (`output[:num_tokens] = attn_output[:num_tokens]`,
+  `vllm_ascend/attention/attention_v1.py:1366, 1543-1544`);
 - its fake kernel (no outputs) lets `torch.compile` trace through it.
 
 Arguments: query `[T, Nq, D]`, key and value `[T, Nkv, D]` (one dtype; value contiguous),
@@ -44,6 +48,15 @@ OP_SCHEMA = (
     f"{OP_NAME}(Tensor query, Tensor key, Tensor value, Tensor(a!) output, str layer_name, "
     "float scale, bool fused, str operator) -> ()"
 )
+# Inside one graph per forward the op returns its result: a mutating op there would reach the
+# compiled graph wrapped in auto_functionalized, whose plain execution (vllm-ascend compiles
+# with aot_autograd and runs the FX graph: compilation/compiler_interface.py:39-67) clones the
+# output buffer first, one more copy per layer.
+IN_GRAPH_OP_NAME = "cache_free_attention_in_graph"
+IN_GRAPH_OP_SCHEMA = (
+    f"{IN_GRAPH_OP_NAME}(Tensor query, Tensor key, Tensor value, str layer_name, float scale, "
+    "bool fused, str operator) -> Tensor"
+)
 
 
 def cache_free_attention(
@@ -54,8 +67,14 @@ def cache_free_attention(
     scale: float,
     fused: bool,
     operator: str,
+    in_graph: bool = False,
 ) -> torch.Tensor:
-    """Allocate the output `[T, Nq, D]` and run the op into it (module docstring)."""
+    """Attention `[T, Nq, D]` (module docstring): into an output the caller's graph allocates,
+    or, `in_graph` (one graph per forward), as the op's own result."""
+    if in_graph:
+        return torch.ops.vllm_npu_ext.cache_free_attention_in_graph(
+            query, key, value, layer_name, scale, fused, operator
+        )
     output = torch.empty_like(query)
     torch.ops.vllm_npu_ext.cache_free_attention(
         query, key, value, output, layer_name, scale, fused, operator
@@ -65,23 +84,50 @@ def cache_free_attention(
 
 def _kernel(query, key, value, output, layer_name, scale, fused, operator) -> None:
     seqs = compat.packed_seqs_for_layer(layer_name, query.shape[0])
-    npu = dispatch.npu_ops(query) if fused else None
-    result = attention.varlen_attention(query, key, value, seqs, scale, npu=npu, operator=operator)
-    output.copy_(result)
+    device = dispatch.npu_ops(query)
+    npu = device if fused else None
+    full_graph = getattr(compat.layer_module(layer_name), "full_graph", None)
+    if dispatch.graph_capturing(device):
+        if full_graph is None or npu is None or operator != attention.FUSED_INFER:
+            raise RuntimeError(
+                f"{SPLITTING_OP} of {layer_name} is being captured into a graph, which would "
+                "replay the sequence lengths of its capture; it must be a splitting op here "
+                "(models/qwen3_config.py)"
+            )
+        full_graph.capture(npu, query, key, value, output, layer_name, scale, seqs)
+        return
+    if full_graph is not None:
+        full_graph.ran_on_host = True
+    attention.varlen_attention(query, key, value, seqs, scale, npu=npu, operator=operator,
+                               out=output)  # fmt: skip
+
+
+def _in_graph_kernel(query, key, value, layer_name, scale, fused, operator) -> torch.Tensor:
+    output = torch.empty_like(query)
+    _kernel(query, key, value, output, layer_name, scale, fused, operator)
+    return output
 
 
 def _fake(query, key, value, output, layer_name, scale, fused, operator) -> None:
     return None
 
 
+def _in_graph_fake(query, key, value, layer_name, scale, fused, operator) -> torch.Tensor:
+    return torch.empty_like(query)
+
+
 def _register() -> torch.library.Library | None:
     if torch._C._jit_get_schemas_for_operator(SPLITTING_OP):
         return None  # registered by an earlier import of this module
     library = torch.library.Library(NAMESPACE, "FRAGMENT")
-    library.define(OP_SCHEMA)
     # One kernel for every backend: the device work happens inside varlen_attention.
-    library.impl(OP_NAME, _kernel, "CompositeExplicitAutograd")
-    torch.library.register_fake(SPLITTING_OP, _fake, lib=library)
+    for name, schema, kernel, fake in (
+        (OP_NAME, OP_SCHEMA, _kernel, _fake),
+        (IN_GRAPH_OP_NAME, IN_GRAPH_OP_SCHEMA, _in_graph_kernel, _in_graph_fake),
+    ):
+        library.define(schema)
+        library.impl(name, kernel, "CompositeExplicitAutograd")
+        torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=library)
     return library
 
 

@@ -17,13 +17,22 @@ from vllm_npu_ext.envs import FusionConfig
 from vllm_npu_ext.ops import rotary
 from vllm_npu_ext.ops.packed import PackedSeqs
 
+# How q and k get their per-head norms and rotary on the NPU path, per model and fusions
+# (`Qwen3Model.qk_path`): one vllm-ascend operator after a merged projection; the norms, then
+# npu_mrope for q and k together; the norms, then npu_rotary_mul per tensor; the norms, then
+# the PyTorch rotary.
+QK_FUSED, QK_MROPE, QK_ROTARY_MUL, QK_REFERENCE = "qkv_rmsnorm_rope", "mrope", "rotary_mul", "ref"
+QK_PATHS = (QK_FUSED, QK_MROPE, QK_ROTARY_MUL, QK_REFERENCE)
+
 
 @dataclasses.dataclass(frozen=True)
 class NpuStep:
     """What every layer of one NPU forward pass shares.
 
     npu: torch_npu, as `ops.dispatch` chose it. fusions: which fused operators to use.
-    cos, sin: `[T, D]` rotary tables gathered for this batch's positions (once, not per layer).
+    qk_path: one of QK_PATHS. positions `[T]` and cos_sin_cache `[max_pos, rotary_dim]` (in the
+    model's dtype) for the paths that take them; cos, sin: `[T, D]` rotary tables gathered
+    for this batch's positions (once, not per layer) for the paths that need them, else None.
     seqs: explicit sequence boundaries (`forward_packed`); None in vLLM's forward, where
     cache-free attention reads them itself (`cache_free_op`) and attention with a KV cache
     goes through vLLM's attention layer.
@@ -31,8 +40,11 @@ class NpuStep:
 
     npu: ModuleType
     fusions: FusionConfig
-    cos: torch.Tensor
-    sin: torch.Tensor
+    qk_path: str
+    positions: torch.Tensor
+    cos_sin_cache: torch.Tensor
+    cos: torch.Tensor | None
+    sin: torch.Tensor | None
     seqs: PackedSeqs | None
 
     def ops(self, fusion: str) -> ModuleType | None:
@@ -41,25 +53,33 @@ class NpuStep:
 
 
 class RotaryTables(nn.Module):
-    """Full-width cos/sin tables `[max_pos, D]` for `npu_rotary_mul`, built once.
+    """vLLM's `cos_sin_cache` `[max_pos, rotary_dim]` in the model's dtype (for npu_mrope and
+    vllm-ascend's q/k norm + rope operator) and full-width cos/sin tables `[max_pos, D]` (for
+    `npu_rotary_mul` and the reference), built once.
 
     Kept as (non-persistent) buffers and built right after loading (`prepare`), so a compiled
-    forward reads them as module state and only the per-batch gather is in the graph.
+    forward reads them as module state and only the per-batch gather, where a path needs it,
+    is in the graph.
     """
 
     def __init__(self) -> None:
         super().__init__()
+        self.register_buffer("cos_sin_cache", torch.empty(0), persistent=False)
         self.register_buffer("cos", torch.empty(0), persistent=False)
         self.register_buffer("sin", torch.empty(0), persistent=False)
 
     def prepare(self, cos_sin_cache: torch.Tensor, dtype: torch.dtype) -> None:
-        """Build the tables from vLLM's `cos_sin_cache` `[max_pos, D]` in `dtype`."""
-        self.cos, self.sin = rotary.full_width_tables(cos_sin_cache.to(dtype=dtype))
+        """Build the tables from vLLM's `cos_sin_cache` `[max_pos, rotary_dim]` in `dtype`."""
+        self.cos_sin_cache = cos_sin_cache.to(dtype=dtype).contiguous()
+        self.cos, self.sin = rotary.full_width_tables(self.cos_sin_cache)
 
-    def gather(
-        self, cos_sin_cache: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-token cos, sin `[T, D]` for `positions` `[T]` (tables built first if needed)."""
-        if not self.cos.numel() or self.cos.dtype != dtype or self.cos.device != positions.device:
-            self.prepare(cos_sin_cache.to(device=positions.device), dtype)
+    def cache(self, cos_sin_cache: torch.Tensor, device: torch.device, dtype: torch.dtype):
+        """The `[max_pos, rotary_dim]` cache on `device` in `dtype` (built first if needed)."""
+        stale = self.cos_sin_cache.dtype != dtype or self.cos_sin_cache.device != device
+        if not self.cos_sin_cache.numel() or stale:
+            self.prepare(cos_sin_cache.to(device=device), dtype)
+        return self.cos_sin_cache
+
+    def gather(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token cos, sin `[T, D]` for `positions` `[T]` (after `cache`)."""
         return rotary.gather_tables(self.cos, self.sin, positions)

@@ -50,10 +50,18 @@ from vllm_npu_ext.logger import get_logger
 from vllm_npu_ext.model_executor.layers import cpu_matmul, cpu_matmul_choice, fused
 from vllm_npu_ext.model_executor.layers.attention import Qwen3Attention
 from vllm_npu_ext.model_executor.layers.cache_free_op import SPLITTING_OP
+from vllm_npu_ext.model_executor.layers.full_graph import FullGraphAttention
 from vllm_npu_ext.model_executor.layers.mlp import Qwen3MLP
-from vllm_npu_ext.model_executor.layers.npu_step import NpuStep, RotaryTables
+from vllm_npu_ext.model_executor.layers.npu_step import (
+    QK_FUSED,
+    QK_MROPE,
+    QK_REFERENCE,
+    QK_ROTARY_MUL,
+    NpuStep,
+    RotaryTables,
+)
 from vllm_npu_ext.model_executor.models import qwen3_config
-from vllm_npu_ext.ops import attention, dispatch, linear
+from vllm_npu_ext.ops import attention, dispatch, linear, qk_norm_rope, rotary
 from vllm_npu_ext.ops.packed import PackedSeqs
 
 logger = get_logger(__name__)
@@ -99,6 +107,7 @@ def _fusions_for(dtype: torch.dtype, attn: Qwen3Attention) -> tuple[FusionConfig
             "the merged projection"
         )
         fusions = dataclasses.replace(fusions, grouped_qkv=False)
+    notes += _qk_path(fusions, dtype, attn)[1]
     if not fusions.attention:
         return fusions, notes
     shape = (attn.head_dim, attn.num_heads, attn.num_kv_heads)
@@ -111,6 +120,34 @@ def _fusions_for(dtype: torch.dtype, attn: Qwen3Attention) -> tuple[FusionConfig
         notes.append(f"{choice.reason} ({described}); fused attention uses npu_{choice.operator}")
         fusions = dataclasses.replace(fusions, attention_op=choice.operator)
     return fusions, notes
+
+
+QK_PATH_NAMES = {
+    QK_FUSED: f"vllm.{qk_norm_rope.OP} (one launch)",
+    QK_MROPE: "npu_rms_norm x2 + npu_mrope",
+    QK_ROTARY_MUL: "npu_rms_norm x2 + npu_rotary_mul x2",
+    QK_REFERENCE: "norms as rms_norm says, PyTorch rotary",
+}
+
+
+def _qk_path(fusions: FusionConfig, dtype: torch.dtype, attn: Qwen3Attention):
+    """(one of QK_PATHS, notes on why a fusion that is on was not taken)."""
+    notes = []
+    if fusions.qk_norm_rope:
+        reason = qk_norm_rope.unsupported_reason(dtype, attn.head_dim, attn.neox)
+        if reason is None and not qk_norm_rope.registered():
+            reason = f"vllm.{qk_norm_rope.OP} is not registered (vllm-ascend's NPU worker does)"
+        if reason is None:
+            return QK_FUSED, notes
+        notes.append(f"{reason}; q/k norms and rotary run as separate operators")
+    if not fusions.rotary:
+        return QK_REFERENCE, notes
+    rotary_dim = attn.rotary_emb.cos_sin_cache.shape[-1]
+    reason = rotary.mrope_unsupported_reason(dtype, attn.head_dim, rotary_dim)
+    if reason is None:
+        return QK_MROPE, notes
+    notes.append(f"{reason}; rotary runs as npu_rotary_mul on q and on k")
+    return QK_ROTARY_MUL, notes
 
 
 def _use_float32_matmul(model: Qwen3Model, dtype: torch.dtype) -> str | None:
@@ -173,6 +210,7 @@ class Qwen3Model(nn.Module):
         )
         first_attention = self.layers[self.start_layer].self_attn
         self.fusions, notes = _fusions_for(self.model_dtype, first_attention)
+        self.default_qk_path = self.qk_path(self.fusions)
         self.float32_matmul = _use_float32_matmul(self, self.model_dtype)
         for note in notes if self.npu_possible else ():
             logger.info("vllm-npu-ext: %s", note)
@@ -184,6 +222,14 @@ class Qwen3Model(nn.Module):
         self.make_empty_intermediate_tensors = make_empty_intermediate_tensors_factory(
             ["hidden_states", "residual"], config.hidden_size
         )
+        self.full_graph: FullGraphAttention | None = None
+
+    def capture_attention_in_graphs(self) -> None:
+        """Graphs of this model's forward capture attention too, updated per replay
+        (`layers/full_graph.py`): one state shared by every layer's attention."""
+        self.full_graph = FullGraphAttention()
+        for layer in islice(self.layers, self.start_layer, self.end_layer):
+            layer.self_attn.attn.full_graph = self.full_graph
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids)
@@ -213,13 +259,24 @@ class Qwen3Model(nn.Module):
         return hidden_states
 
     def npu_step(self, npu, positions, dtype, seqs, fusions: FusionConfig) -> NpuStep:
-        """The NPU path's per-forward state: rotary tables gathered once for all layers.
+        """The NPU path's per-forward state: the rotary cache, and for the paths that need them
+        the cos/sin tables gathered once for all layers.
 
         `seqs`: explicit sequence boundaries (`forward_packed`), or None (vLLM's forward).
         """
         rotary_emb = self.layers[self.start_layer].self_attn.rotary_emb
-        cos, sin = self.rotary_tables.gather(rotary_emb.cos_sin_cache, positions, dtype)
-        return NpuStep(npu, fusions, cos, sin, seqs)
+        cache = self.rotary_tables.cache(rotary_emb.cos_sin_cache, positions.device, dtype)
+        # Decided once at build for the model's own fusions: a compiled forward reads it as a
+        # constant (the decision looks up registered operators, which dynamo cannot trace).
+        qk_path = self.default_qk_path if fusions is self.fusions else self.qk_path(fusions)
+        cos = sin = None
+        if qk_path in (QK_ROTARY_MUL, QK_REFERENCE):
+            cos, sin = self.rotary_tables.gather(positions)
+        return NpuStep(npu, fusions, qk_path, positions, cache, cos, sin, seqs)
+
+    def qk_path(self, fusions: FusionConfig) -> str:
+        """How q and k are normed and rotated on the NPU path under `fusions` (QK_PATHS)."""
+        return _qk_path(fusions, self.model_dtype, self.layers[self.start_layer].self_attn)[0]
 
     def forward_packed(
         self,
@@ -270,7 +327,7 @@ class Qwen3Model(nn.Module):
         post-processing), so that a compiled forward only reads them."""
         rotary_emb = self.layers[self.start_layer].self_attn.rotary_emb
         self.rotary_tables.prepare(rotary_emb.cos_sin_cache, self.model_dtype)
-        if self.fusions.grouped_qkv:
+        if self.fusions.grouped_qkv and self.default_qk_path != QK_FUSED:
             for layer in islice(self.layers, self.start_layer, self.end_layer):
                 layer.self_attn.prepare_npu_weights()
 
@@ -312,15 +369,25 @@ class Qwen3ForCausalLM(nn.Module, SupportsPP):
             self.lm_head = PPMissingLayer()
         self.logits_processor = LogitsProcessor(config.vocab_size)
         self.make_empty_intermediate_tensors = self.model.make_empty_intermediate_tensors
+        self.graph_mode = "none"
         if cache_free and self.model.npu_possible:
-            qwen3_config.check_graph_mode(vllm_config, _compiled(self.model))
+            self.graph_mode = qwen3_config.check_graph_mode(vllm_config, _compiled(self.model))
+        if self.graph_mode == "full":
+            self.model.capture_attention_in_graphs()
         _log_built(self, cache_free, pooling)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_input_ids(input_ids)
 
     def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None):
-        return self.model(input_ids, positions, intermediate_tensors, inputs_embeds)
+        full_graph = self.model.full_graph
+        if full_graph is None:
+            return self.model(input_ids, positions, intermediate_tensors, inputs_embeds)
+        full_graph.begin_forward()
+        hidden_states = self.model(input_ids, positions, intermediate_tensors, inputs_embeds)
+        # A replayed graph's attention waits for this step's sequence lengths (full_graph.py).
+        full_graph.after_forward(dispatch.npu_ops(positions), positions.shape[-1])
+        return hidden_states
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         return self.logits_processor(self.lm_head, hidden_states)
@@ -365,6 +432,7 @@ def _log_built(model: nn.Module, cache_free: bool, pooling: bool) -> None:
     if inner.npu_possible:
         active = ", ".join(inner.fusions.active()) or "none"
         backend = f"NPU path ({dispatch.npu_ops_name()}), fusions: {active}"
+        backend += f", q/k norms and rotary: {QK_PATH_NAMES[inner.default_qk_path]}"
         if inner.fusions.attention:
             backend += f", attention operator npu_{inner.fusions.attention_op}"
     else:
@@ -375,7 +443,10 @@ def _log_built(model: nn.Module, cache_free: bool, pooling: bool) -> None:
             backend += f", {inner.float32_matmul}"
     if not _compiled(inner):
         backend += "; eager (not compiled)"
-    elif inner.npu_possible and cache_free:
+    elif model.graph_mode == "full":
+        backend += ("; compiled by vLLM, one graph per forward with attention inside (FIA's "
+                    "sequence lengths updated after each replay)")  # fmt: skip
+    elif model.graph_mode == "piecewise":
         backend += f"; compiled by vLLM, attention ({SPLITTING_OP}) between the graphs"
     else:
         backend += "; compiled by vLLM"

@@ -2,9 +2,12 @@
 and the start-up check.
 
 Cache-free attention (`layers.cache_free_op`) reads each batch's sequence boundaries on the
-host, so it must run outside every captured graph: piecewise graphs split at it; full graphs
-would replay the boundaries they captured (and vllm-ascend 0.23's full-graph warm-up indexes a
-block table that a model without a KV cache lacks: `_dummy_run(force_attention=True)`,
+host, so a graph that captures it must have them updated after each replay
+(`layers/full_graph.py`): where FIA takes the model (bfloat16, head_dim 128/192) vLLM's
+piecewise machinery captures the whole forward as one graph (our op is no splitting op), and
+the model updates FIA after each replay; elsewhere piecewise graphs split at the op. vLLM's
+own full modes stay off for it (vllm-ascend 0.23's full-graph warm-up indexes a block table
+that a model without a KV cache lacks: `_dummy_run(force_attention=True)`,
 `worker/model_runner_v1.py:3535-3538`).
 
 - Default on Ascend (vLLM 0.23, vllm-ascend 0.23): mode VLLM_COMPILE with PIECEWISE graphs.
@@ -17,7 +20,7 @@ block table that a model without a KV cache lacks: `_dummy_run(force_attention=T
   versions might not), puts our op among vLLM's default splitting ops (`_attention_ops`, copied
   when `splitting_ops` is unset: 0.23 `config/compilation.py:1121-1130`, 0.32 `:1166-1177`;
   vllm-ascend's PIECEWISE branch calls the same fill, `platform.py:599-622`), and adds it to a
-  list the user gave.
+  list the user gave, unless the run gets one graph per forward (`full_graph_obstacle`).
 - `check_graph_mode` runs when the model is built (after every config change, platform ones
   included, before any warm-up) and raises a clear ValueError if a full mode or a piecewise
   split without our op survived, e.g. vllm-ascend's xlite decode-only mode, which sets
@@ -32,6 +35,7 @@ from typing import Any, ClassVar
 from vllm_npu_ext import compat, envs
 from vllm_npu_ext.logger import get_logger
 from vllm_npu_ext.model_executor.layers.cache_free_op import SPLITTING_OP
+from vllm_npu_ext.ops import attention
 from vllm_npu_ext.patches import vllm_model_registry
 
 logger = get_logger(__name__)
@@ -74,7 +78,7 @@ class Qwen3GraphModeHook:
         if cls.previous is not None:
             cls.previous.verify_and_update_config(vllm_config)
         if cache_free_pooling(vllm_config):
-            keep_attention_outside_graphs(vllm_config.compilation_config)
+            keep_attention_outside_graphs(vllm_config)
 
     @classmethod
     def verify_and_update_model_config(cls, model_config: Any) -> None:
@@ -82,26 +86,75 @@ class Qwen3GraphModeHook:
             cls.previous.verify_and_update_model_config(model_config)
 
 
-def keep_attention_outside_graphs(compilation_config: Any) -> None:
-    """Full modes -> PIECEWISE; our op joins the splitting ops (default and user-given)."""
+def full_graph_obstacle(vllm_config: Any) -> str | None:
+    """Why a cache-free pooling run cannot capture attention inside one graph per forward
+    (`layers/full_graph.py`); None when it can: the NPU path, fused attention through FIA
+    (bfloat16, head_dim 128 or 192 per `ops.attention.choose_operator`), at most FIA's
+    sequence limit per batch with the padding sequence, and VLLM_NPU_EXT_FULL_GRAPH on."""
+    if not envs.flag(envs.FULL_GRAPH_SWITCH):
+        return f"{envs.FULL_GRAPH_SWITCH}=0"
+    if not compat.npu_path_expected():
+        return "not the NPU path"
+    from vllm.platforms import current_platform
+
+    if not current_platform.support_static_graph_mode():
+        return f"the {current_platform.device_type} platform captures no graphs"
+    fusions = envs.FusionConfig.from_env()
+    if not fusions.attention:
+        return "fused attention is off"
+    model_config = vllm_config.model_config
+    text = model_config.hf_config.get_text_config()
+    heads, kv_heads = text.num_attention_heads, text.num_key_value_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    tp = vllm_config.parallel_config.tensor_parallel_size
+    shape = (head_dim, heads // tp, max(1, kv_heads // tp))
+    choice = attention.choose_operator(fusions.attention_op, model_config.dtype, *shape)
+    if choice.operator != attention.FUSED_INFER:
+        return (f"{model_config.dtype} with head_dim {head_dim} is outside FIA's TND domain "
+                "(bfloat16, head_dim 128 or 192), and npu_fusion_attention takes no graph "
+                "update")  # fmt: skip
+    limit = attention.MAX_SEQS[attention.FUSED_INFER] - 1  # one more: the padding sequence
+    if vllm_config.scheduler_config.max_num_seqs > limit:
+        return f"--max-num-seqs above {limit} (FIA takes {limit + 1} sequences per call)"
+    return None
+
+
+def keep_attention_outside_graphs(vllm_config: Any) -> None:
+    """Full modes -> PIECEWISE. Where FIA takes the model, attention stays inside the one graph
+    of each forward (our op is no splitting op); elsewhere our op joins the splitting ops
+    (default and user-given)."""
+    compilation_config = vllm_config.compilation_config
     mode = compilation_config.cudagraph_mode
     if mode is not None and mode.has_full_cudagraphs():
         logger.warning(
             "vllm-npu-ext: cudagraph_mode %s would capture cache-free attention, whose sequence "
-            "lengths change every batch; using PIECEWISE (graphs around attention). "
+            "lengths change every batch, without updating them; using PIECEWISE. "
             "%s=0 keeps vLLM's attention with a KV cache instead.", mode.name, CACHE_FREE_SWITCH,
         )  # fmt: skip
         compilation_config.cudagraph_mode = compat.piecewise_mode()
-    compat.add_default_splitting_op(SPLITTING_OP)
     ops = compilation_config.splitting_ops
+    obstacle = full_graph_obstacle(vllm_config)
+    if obstacle is None and not (ops and SPLITTING_OP in ops):
+        compat.remove_default_splitting_op(SPLITTING_OP)
+        logger.info(
+            "vllm-npu-ext: one graph per forward for cache-free pooling: attention is captured "
+            "inside it and its sequence lengths are updated after each replay (%s=0 splits the "
+            "graphs at attention instead)", envs.FULL_GRAPH_SWITCH,
+        )  # fmt: skip
+        return
+    logger.info("vllm-npu-ext: piecewise graphs, cache-free attention between them: %s",
+                obstacle or f"splitting_ops given with {SPLITTING_OP}")  # fmt: skip
+    compat.add_default_splitting_op(SPLITTING_OP)
     if ops and SPLITTING_OP not in ops:
         logger.info("vllm-npu-ext: splitting_ops given; adding %s", SPLITTING_OP)
         ops.append(SPLITTING_OP)
 
 
-def check_graph_mode(vllm_config: Any, compiled: bool) -> None:
-    """ValueError when graphs would capture cache-free attention (the config is final here),
-    or when vllm-ascend would force attention in a dummy run of a model without a KV cache."""
+def check_graph_mode(vllm_config: Any, compiled: bool) -> str:
+    """How cache-free attention meets the graphs (the config is final here): "full" (inside one
+    graph per forward, updated per replay), "piecewise" (between graphs) or "none" (no graphs).
+    ValueError when graphs would capture it without the update, or when vllm-ascend would force
+    attention in a dummy run of a model without a KV cache."""
     additional = getattr(vllm_config, "additional_config", None)
     profiling = additional.get("profiling_chunk_config") if isinstance(additional, dict) else None
     if isinstance(profiling, dict) and profiling.get("enabled"):
@@ -121,13 +174,19 @@ def check_graph_mode(vllm_config: Any, compiled: bool) -> None:
             "lengths on the host). Use --compilation-config '{\"cudagraph_mode\": \"PIECEWISE\"}' "
             f"or {CACHE_FREE_SWITCH}=0 (vLLM's attention with a KV cache)."
         )
-    ops = compilation_config.splitting_ops
-    piecewise = compiled and mode is not None and mode.has_piecewise_cudagraphs()
-    if piecewise and ops and SPLITTING_OP not in ops:
+    ops = compilation_config.splitting_ops or []
+    if compiled and SPLITTING_OP in ops:
+        return "piecewise"
+    if not (compiled and mode is not None and mode.has_piecewise_cudagraphs()):
+        return "none"
+    obstacle = full_graph_obstacle(vllm_config)
+    if obstacle is not None:
         raise ValueError(
             f"vllm-npu-ext: piecewise graphs split at {ops}, not at {SPLITTING_OP}, so they "
-            "would capture cache-free attention; add it to splitting_ops"
+            f"would capture cache-free attention, which cannot be updated per replay here "
+            f"({obstacle}); add it to splitting_ops"
         )
+    return "full"
 
 
 class Qwen3RerankerGraphModeHook(Qwen3GraphModeHook):
