@@ -152,8 +152,8 @@ REJECTIONS = [
         rand(1, 7, 4, 24), rand(1, 7, 2, 24), rand(1, 7, 2, 24), num_heads=4,
         num_key_value_heads=2, scale=0.2, input_layout="BSND"), ValueError, "multiple of 16"),
     ("fia query row sees no key", fia(actual_seq_lengths_kv=[1, 7]), ValueError, "see no key"),
-    ("fia paged KV not emulated", fia(block_table=torch.zeros(2, 1, dtype=torch.int32)),
-     NotImplementedError, "block_table"),
+    ("fia paged cache not [blocks, block_size, N_kv x D]",
+     fia(block_table=torch.zeros(2, 1, dtype=torch.int32)), ValueError, "last axis"),
     ("fia off the CPU", fia(query=torch.empty(7, 4, 128, dtype=BF16, device="meta")), ValueError,
      "CPU"),
     # npu_fusion_attention

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from .int_lists import integer_list
+
 SCHEMA_FILE = Path(__file__).resolve().parent / "torch_npu_schemas.json"
 
 
@@ -118,37 +120,59 @@ def _bind_overload(op: str, schema: dict, args: tuple, kwargs: dict) -> BoundCal
             arguments[param["name"]] = param["default"]
         else:
             raise TypeError(f"{name}() missing required argument {param['name']!r}")
-        check_type(name, param, arguments[param["name"]])
+        arguments[param["name"]] = check_type(name, param, arguments[param["name"]])
     defaults = {p["name"]: p["default"] for p in params if p["has_default"]}
     return BoundCall(op, schema["overload"], arguments, defaults)
 
 
-def check_type(name: str, param: dict, value: Any) -> None:
-    """TypeError unless `value` is what the schema type of `param` accepts."""
+def check_type(name: str, param: dict, value: Any) -> Any:
+    """`value` as bound to `param` (an integer sequence as a list of ints), or TypeError
+    unless it is what the schema type of `param` accepts."""
     schema_type = param["type"]
     base = schema_type.rstrip("?").split("(")[0]
     if value is None:
         if schema_type.endswith("?"):
-            return
+            return None
         raise TypeError(f"{name}(): argument {param['name']!r} ({schema_type}) may not be None")
     if base.endswith("]"):
-        _check_list(name, param, base[: base.index("[")], value)
+        element = base[: base.index("[")]
+        if element in ("int", "SymInt"):
+            return _integer_list(name, param, value)
+        _check_list(name, param, element, value)
     elif not _scalar_ok(base, value):
         raise TypeError(
             f"{name}(): argument {param['name']!r} must be {schema_type}, "
             f"got {type(value).__name__}"
         )
+    return value
+
+
+def _integer_list(name: str, param: dict, value: Any) -> list[int]:
+    """An `int[]`/`SymInt[]` argument: what torch's binder takes as integers (`int_lists`)."""
+    items = integer_list(value)
+    if items is None:
+        raise TypeError(
+            f"{name}(): argument {param['name']!r} ({param['type']}) must be a sequence of "
+            "integers (a list, tuple or range of ints, or a 1-D integer numpy array or tensor), "
+            f"got {_describe(value)}"
+        )
+    return items
+
+
+def _describe(value: Any) -> str:
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if shape is not None and dtype is not None:
+        return f"{type(value).__name__} of shape {tuple(shape)} and dtype {dtype}"
+    if isinstance(value, (list, tuple)):
+        return f"{type(value).__name__} of {sorted({type(item).__name__ for item in value})}"
+    return type(value).__name__
 
 
 def _check_list(name: str, param: dict, element: str, value: Any) -> None:
     if isinstance(value, torch.Tensor):
-        hint = (
-            "; a tensor here is a device-to-host sync on real hardware: pass host-side Python ints"
-            if element in ("int", "SymInt") else "; wrap the tensors in a list"
-        )
         raise TypeError(
             f"{name}(): argument {param['name']!r} must be a list or tuple ({param['type']}), "
-            f"got torch.Tensor{hint}"
+            "got torch.Tensor; wrap the tensors in a list"
         )
     if not isinstance(value, (list, tuple)):
         raise TypeError(
