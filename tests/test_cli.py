@@ -36,7 +36,7 @@ def test_serve_keeps_user_choices(tmp_path):
         ["--model", str(tmp_path), "--runner", "generate", "--gpu-memory-utilization=0.2"]
     )
     assert command.count("--runner") == 1 and "generate" in command
-    assert "--hf-overrides" not in command
+    assert "--hf-overrides" not in command and "--convert" not in command
     assert "--gpu-memory-utilization=0.2" in command
     assert "--gpu-memory-utilization" not in command
 

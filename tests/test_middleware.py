@@ -16,6 +16,7 @@ from vllm_npu_ext.entrypoints.middleware import (
     MAX_INPUTS,
     SHUTDOWN_MESSAGE,
     EmbeddingRequestValidator,
+    GenerationRequestValidator,
     ScoringRequestValidator,
     ShutdownGuard,
     validate_embedding_request,
@@ -162,7 +163,9 @@ def _raising_app(exc: Exception, after_start: bool = False):
     return app
 
 
-@pytest.mark.parametrize("validator", [EmbeddingRequestValidator, ScoringRequestValidator])
+@pytest.mark.parametrize(
+    "validator", [EmbeddingRequestValidator, ScoringRequestValidator, GenerationRequestValidator]
+)
 @pytest.mark.parametrize(
     ("exc", "status"),
     [(ValueError("Token id 7 is out of vocabulary"), 400), (TypeError("bad type"), 400),
@@ -172,7 +175,8 @@ def test_client_errors_vllm_raises_are_answered_not_reraised(validator, exc, sta
     """vLLM 0.23 raises these out of its handlers; its catch-all answer re-raises them (a
     traceback in the log per bad request, the connection closed). The validators answer them
     as vLLM does."""
-    path = "/v1/embeddings" if validator is EmbeddingRequestValidator else "/rerank"
+    path = {EmbeddingRequestValidator: "/v1/embeddings", ScoringRequestValidator: "/rerank",
+            GenerationRequestValidator: "/v1/completions"}[validator]  # fmt: skip
     sent = []
 
     async def receive():

@@ -13,6 +13,7 @@ SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 MIDDLEWARES = (
     "vllm_npu_ext.entrypoints.middleware.EmbeddingRequestValidator",
     "vllm_npu_ext.entrypoints.middleware.ScoringRequestValidator",
+    "vllm_npu_ext.entrypoints.middleware.GenerationRequestValidator",
     "vllm_npu_ext.entrypoints.middleware.ShutdownGuard",
 )
 # Options of ours that `serve` takes out before calling vLLM (name -> takes a value).
@@ -130,8 +131,12 @@ def _our_options(args: list[str]) -> tuple[bool, str | None, list[str]]:
 
 
 def _embedding_defaults(rest: list[str]) -> dict[str, list[str]]:
-    defaults = {"--runner": ["pooling"], "--convert": ["embed"]}
+    """Embeddings unless the user chose another runner: with `--runner generate` and our
+    `--convert embed`, vLLM 0.23 would adapt the model into an embedding model and refuse the
+    runner ("This model does not support `--runner generate`", config/model.py:591-595)."""
+    defaults = {"--runner": ["pooling"]}
     if _flag_value(rest, "--runner", "pooling") == "pooling":
+        defaults["--convert"] = ["embed"]
         # Qwen3-Embedding is trained with matryoshka dimensions; vLLM rejects `dimensions`
         # unless the config says so.
         defaults["--hf-overrides"] = _merged_hf_overrides(rest, {"is_matryoshka": True})

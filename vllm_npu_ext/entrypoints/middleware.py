@@ -26,6 +26,11 @@ an exception that vLLM raises for one of their requests, when vLLM's own error r
 is a client error (a `ValueError` is a 400, an unknown model a 404), with that response,
 without the traceback (tested on both versions: tests/test_server.py, tests/test_faults.py).
 
+`GenerationRequestValidator` adds no check of its own to `/v1/completions` and
+`/v1/chat/completions`: it answers the client errors vLLM 0.23 raises past its handler there
+(a token id past the vocabulary: "Exception in ASGI application" and a traceback, seen on a
+generation server under vllm-ascend) as the other validators do.
+
 `ShutdownGuard` ends requests that are in flight when the engine stops. vLLM's server stops
 its engine before its HTTP server; a request whose engine output never came (the output
 task was cancelled before it saw the engine die) would wait for ever, and the HTTP server
@@ -44,6 +49,7 @@ from vllm_npu_ext import compat
 from vllm_npu_ext.logger import get_logger
 
 EMBEDDING_PATHS = frozenset({"/v1/embeddings"})
+GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 MAX_INPUTS = 2048  # OpenAI's limit on inputs per embeddings request
 RERANK_PATHS = frozenset({"/rerank", "/v1/rerank", "/v2/rerank"})
 SCORE_PATHS = frozenset({"/score", "/v1/score"})
@@ -187,6 +193,16 @@ class ScoringRequestValidator(_RequestValidator):
 
     def error_for(self, scope, payload: Any) -> str | None:
         return validate_scoring_request(scope["path"], payload, _serves_qwen3_reranker(scope))
+
+
+class GenerationRequestValidator(_RequestValidator):
+    """No extra check on the completion endpoints; vLLM 0.23's re-raised client errors there
+    are answered without a traceback (module docstring)."""
+
+    paths = GENERATION_PATHS
+
+    def error_for(self, scope, payload: Any) -> str | None:
+        return None
 
 
 def _model_config(scope) -> Any:
