@@ -127,24 +127,41 @@ def env(monkeypatch):
 
 
 def _layer(head_dim, heads, kv_heads):
-    return SimpleNamespace(head_dim=head_dim, num_heads=heads, num_kv_heads=kv_heads)
+    """What `_fusions_for` reads of a Qwen3Attention: shapes, rotary style and table width."""
+    rotary_emb = SimpleNamespace(cos_sin_cache=torch.empty(64, head_dim))
+    return SimpleNamespace(head_dim=head_dim, num_heads=heads, num_kv_heads=kv_heads,
+                           neox=True, rotary_emb=rotary_emb)  # fmt: skip
 
 
-def test_qwen3_embedding_in_bfloat16_keeps_every_fusion_and_says_nothing(env):
+# Where vllm-ascend's NPU worker has not registered its Triton QK-norm + RoPE operator (every
+# process here but its worker), the model says so once and rotates with npu_mrope.
+NOT_REGISTERED = "vllm.qkv_rmsnorm_rope is not registered"
+
+
+def test_qwen3_embedding_in_bfloat16_keeps_every_fusion_and_says_nothing(env, monkeypatch):
+    monkeypatch.setattr(qwen3.qk_norm_rope, "registered", lambda: True)
     assert qwen3._fusions_for(BF16, _layer(128, 16, 8)) == (FusionConfig(), [])
+    monkeypatch.setattr(qwen3.qk_norm_rope, "registered", lambda: False)
+    fusions, notes = qwen3._fusions_for(BF16, _layer(128, 16, 8))
+    assert fusions == FusionConfig() and len(notes) == 1 and notes[0].startswith(NOT_REGISTERED)
+    assert qwen3._qk_path(fusions, BF16, _layer(128, 16, 8))[0] == qwen3.QK_MROPE
 
 
 def test_a_float32_model_uses_merged_qkv_and_fusion_attention_and_says_so(env):
     fusions, notes = qwen3._fusions_for(FP32, _layer(32, 4, 2))
     assert not fusions.grouped_qkv and fusions.attention_op == FA and fusions.attention
     assert "npu_grouped_matmul takes torch.float32 only" in notes[0]
-    assert "fused attention uses npu_fusion_attention" in notes[1]
+    assert "takes bfloat16 only" in notes[1] and "separate operators" in notes[1]
+    assert "fused attention uses npu_fusion_attention" in notes[2]
 
 
 @pytest.mark.parametrize(("head_dim", "operator"), [(64, FA), (32, FA), (192, FIA)])
 def test_a_bfloat16_model_outside_fias_head_dims_uses_fusion_attention(env, head_dim, operator):
     fusions, notes = qwen3._fusions_for(BF16, _layer(head_dim, 8, 2))
     assert fusions.attention_op == operator and fusions.grouped_qkv
+    # Outside head_dim 128 the QK-norm + RoPE operator says why it is not used, first.
+    assert "head_dim 128 only" in notes[0] and "separate operators" in notes[0]
+    notes = notes[1:]
     assert bool(notes) == (operator == FA)
     if notes:
         assert f"head_dim {head_dim}" in notes[0] and "TND" in notes[0]
