@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from support.server import KV_CACHE_BYTES
+from support.server import DIE_WITH_PARENT, KV_CACHE_BYTES
 from vllm_npu_ext.tiny_model import corpus, make_tiny_model
 
 SUPPORT_DIR = Path(__file__).resolve().parent
@@ -118,7 +118,8 @@ class WorkerPool:
         log_path = out.with_suffix(".log")
         with open(log_path, "w") as log:
             process = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+                command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+                preexec_fn=DIE_WITH_PARENT,
             )
             self._running.add(process)
             try:

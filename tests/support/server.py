@@ -22,6 +22,30 @@ TEST_SERVER_FLAGS = ["--dtype", "float32", "--max-model-len", "128",
                      "--kv-cache-memory-bytes", str(KV_CACHE_BYTES)]  # fmt: skip
 
 
+def _parent_death_signal():
+    """A `preexec_fn` that has Linux SIGTERM the child when the test process dies.
+
+    A test run killed from outside (a CI timeout, `timeout 600 pytest`) runs no fixture
+    finalizer; without this its servers and engines would outlive it and hold memory and ports.
+    The C function is looked up here, so the child only calls it (no import or lock after fork).
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    pr_set_pdeathsig = 1  # <linux/prctl.h>
+
+    def set_signal() -> None:
+        prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+
+    return set_signal
+
+
+# Pass as `preexec_fn=` to every long-lived child a test starts.
+DIE_WITH_PARENT = _parent_death_signal()
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -66,7 +90,7 @@ class Server:
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
             self.args, stdout=self._log, stderr=subprocess.STDOUT,
-            env=_child_env(env), start_new_session=True,
+            env=_child_env(env), start_new_session=True, preexec_fn=DIE_WITH_PARENT,
         )  # fmt: skip
         self.started_in: float | None = None
 
