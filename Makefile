@@ -60,8 +60,7 @@ serve: setup
 # (.venv-ascend), then vllm-ascend's own code. .venv-ascend is installed while the first
 # stack's tests run (mostly download and unpacking; its output goes to
 # .venv-ascend-setup.log, shown if it fails), to keep the whole run, set-up included, within
-# an hour on 2 cores (a clean clone: 59.9 min here before the npu-device and whole-server
-# tests, which add about 6 min; README).
+# an hour on 2 cores (current figures: docs/development.md, "Timings").
 test: lint
 	$(MAKE) --no-print-directory -j2 test-main setup-ascend-logged
 	$(MAKE) --no-print-directory test-ascend

@@ -28,7 +28,7 @@ from vllm_npu_ext.entrypoints.middleware import SHUTDOWN_MESSAGE
 
 MAX_MODEL_LEN = 128
 MAX_EMBED_LEN = 1024
-SHUTDOWN_LIMIT_S = 5  # README: a stranded request is answered within about 3 s
+SHUTDOWN_LIMIT_S = 5  # docs/serving.md: a stranded request is answered within about 3 s
 SHUTDOWN_WAIT_S = 30  # how long the test waits to measure a slower exit
 STRANDED = 8
 # vLLM's EngineDeadError (both versions), which it answers with 500.
@@ -124,7 +124,7 @@ def test_chunked_processing_is_the_weighted_mean_of_chunk_embeddings(
     VLLM_0_23,
     reason="vLLM 0.23 does not apply max_embed_len under chunked processing (its "
     "EmbeddingTokenizeParamsMixin sets no length limit, vllm/entrypoints/pooling/base/"
-    "protocol.py): any length is embedded. vLLM's own behaviour; README says so",
+    "protocol.py): any length is embedded. vLLM's own behaviour; docs/serving.md says so",
 )
 def test_chunked_processing_rejects_inputs_over_max_embed_len(chunked_server):
     response = _embed(chunked_server, {"input": "word " * (MAX_EMBED_LEN + 10)})
@@ -145,7 +145,7 @@ def test_sigterm_with_a_frozen_engine_answers_503_and_exits_within_5_s(chunked_s
 
     The engine core is frozen (SIGSTOP), as a hung engine would be, while requests wait for
     it. After SIGTERM vLLM kills the engine; every stranded request must be answered and the
-    server must exit within 5 s (README: about 3 s). Who answers is a race inside vLLM: when
+    server must exit within 5 s (docs/serving.md: ~3 s). Who answers is a race inside vLLM: when
     its output handler sees the engine die before the server cancels it, vLLM answers each
     request itself (500, its EngineDeadError message); otherwise the request would wait for
     ever, and the shutdown guard answers it with its 503.

@@ -11,7 +11,7 @@ import dataclasses
 import os
 from pathlib import Path
 
-# Fusion name -> (fused NPU operator, unfused equivalent). Order is the README table's.
+# Fusion name -> (fused NPU operator, unfused equivalent), in docs/environment.md's table order.
 FUSIONS: dict[str, tuple[str, str]] = {
     "attention": (
         "npu_fused_infer_attention_score or npu_fusion_attention (TND, sparse_mode=3, GQA)",
@@ -44,7 +44,7 @@ FULL_GRAPH_SWITCH = "VLLM_NPU_EXT_FULL_GRAPH"
 ATTENTION_OP = "VLLM_NPU_EXT_ATTENTION_OP"
 ATTENTION_OPS = ("fused_infer_attention_score", "fusion_attention")
 
-# name -> (default, meaning); documented in README's environment table.
+# name -> (default, meaning); documented in docs/environment.md's variable table.
 VARIABLES: dict[str, tuple[str, str]] = {
     "VLLM_NPU_EXT_MODEL_OVERRIDE": (
         "1",

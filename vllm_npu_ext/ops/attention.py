@@ -7,7 +7,7 @@ The reference computes each sequence on its own.
 
 Which operator takes which shapes in TND (`choose_operator`), from torch-npu 2.10.0.post4's
 `torch_npu/_op_plugin_docs.py` (W:line), op-plugin's FIA doc (OPm:line) and vllm-ascend
-0.23.0.post1's own calls (README "Attention on Ascend: FIA or FA"):
+0.23.0.post1's own calls (docs/environment.md, "Operator limits on Ascend"):
 
 - FIA: bfloat16 only (W:8153, W:8689); head_dim 128 or 192 (W:8686, OPm:388); q heads a
   multiple of kv heads, ratio <= 64 (W:8687); at most 4096 sequences (W:8694, OPm:377).
