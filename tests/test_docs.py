@@ -49,7 +49,9 @@ GOOD_SERVE = ["vllm-npu-ext", "serve", "MODEL", "--max-model-len", "8192"]
 MISSPELT_SERVE = ["vllm-npu-ext", "serve", "MODEL", "--max-model-lenn", "8192"]
 GOOD_SCRIPT = ["python", "benchmarks/bench_cp_merge.py", "--repeats", "1"]
 MISSPELT_SCRIPT = ["python", "benchmarks/bench_cp_merge.py", "--repeatz", "1"]
-CANARIES = (GOOD_SERVE, MISSPELT_SERVE, GOOD_SCRIPT, MISSPELT_SCRIPT)
+# A checkpoint path a reader fills in (`/path/to/NAME`) is checked as an existing directory.
+PLACEHOLDER_SERVE = ["vllm-npu-ext", "serve", "/path/to/Qwen3-8B", "--runner", "generate"]
+CANARIES = (GOOD_SERVE, MISSPELT_SERVE, GOOD_SCRIPT, MISSPELT_SCRIPT, PLACEHOLDER_SERVE)
 
 
 def select(kind: str, languages: tuple[str, ...] = RUNNABLE_LANGUAGES) -> list[Block]:
@@ -210,21 +212,26 @@ def test_server_block_answers_as_documented(block, request, tmp_path):
 
 @pytest.fixture(scope="module")
 def dry_runs(tmp_path_factory):
-    """Every dry-run shell block's recorded commands, and the child-process checks of all of
-    them (and of the canaries) done at once."""
+    """Every dry-run shell block's recorded commands, the child-process checks of all of them
+    (and of the canaries) done at once, and the canaries' scratch directory."""
     recorded = {}
     for block in select("dry-run", SHELL_LANGUAGES):
         scratch = tmp_path_factory.mktemp("dry_run")
         recorded[block.name] = (scratch, *doc_commands.record_commands(block.text, scratch))
-    commands = [argv for _, calls, _ in recorded.values() for argv in calls]
-    jobs = [job for argv in [*commands, *CANARIES] if (job := doc_commands.child_job(argv))]
-    return recorded, doc_commands.child_checks(jobs, tmp_path_factory.mktemp("checks"))
+    commands = [doc_commands.with_placeholders(argv, scratch)
+                for scratch, calls, _ in recorded.values() for argv in calls]  # fmt: skip
+    canary_scratch = tmp_path_factory.mktemp("canaries")
+    commands += [doc_commands.with_placeholders(argv, canary_scratch) for argv in CANARIES]
+    jobs = [job for argv in commands if (job := doc_commands.child_job(argv))]
+    checked = doc_commands.child_checks(jobs, tmp_path_factory.mktemp("checks"))
+    return recorded, checked, canary_scratch
 
 
-def test_dry_run_checks_tell_a_misspelt_flag_from_a_good_one(dry_runs, tmp_path):
-    _, checked = dry_runs
-    problem = functools.partial(doc_commands.command_problem, scratch=tmp_path, checked=checked)
+def test_dry_run_checks_tell_a_misspelt_flag_from_a_good_one(dry_runs):
+    _, checked, scratch = dry_runs
+    problem = functools.partial(doc_commands.command_problem, scratch=scratch, checked=checked)
     assert problem(GOOD_SERVE) is None
+    assert problem(PLACEHOLDER_SERVE) is None
     assert "--max-model-lenn" in problem(MISSPELT_SERVE)
     assert problem(GOOD_SCRIPT) is None
     assert "--repeatz" in problem(MISSPELT_SCRIPT)
@@ -238,7 +245,7 @@ def test_dry_run_block_commands_pass_their_checks(block, dry_runs):
         compile(block.text, block.name, "exec")
         return
     assert doc_commands.syntax_problem(block.text) is None, block.name
-    recorded, checked = dry_runs
+    recorded, checked, _ = dry_runs
     scratch, calls, stderr = recorded[block.name]
     assert not stderr.strip(), f"{block.name} ran something with no dry-run check:\n{stderr}"
     assert calls, f"{block.name} runs no command"

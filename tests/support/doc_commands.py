@@ -153,7 +153,7 @@ def child_checks(jobs: list[dict], scratch: Path) -> dict[str, dict]:
 
 def command_problem(argv: list[str], scratch: Path, checked: dict) -> str | None:
     """What is wrong with one recorded command (None: nothing). `checked`: `child_checks`."""
-    argv = [argv[0], *_with_placeholders(argv[1:], scratch)]
+    argv = with_placeholders(argv, scratch)
     job = child_job(argv)
     if job is not None:
         return _child_problem(job, argv, checked[job_key(job)])
@@ -174,10 +174,11 @@ def _child_problem(job: dict, argv: list[str], result: dict) -> str | None:
     return f"{job['script']} takes no {unknown} (see its --help)" if unknown else None
 
 
-def _with_placeholders(args: list[str], scratch: Path) -> list[str]:
-    """`/path/to/NAME` -> an existing directory with a config.json (commands check paths)."""
-    result = []
-    for arg in args:
+def with_placeholders(argv: list[str], scratch: Path) -> list[str]:
+    """`argv` with each `/path/to/NAME` argument an existing directory with a config.json
+    (commands check paths); what `command_problem` checks, and so the child jobs to run."""
+    result = argv[:1]
+    for arg in argv[1:]:
         if arg.startswith(PLACEHOLDER):
             directory = scratch / "placeholders" / arg.removeprefix(PLACEHOLDER)
             directory.mkdir(parents=True, exist_ok=True)
