@@ -19,6 +19,16 @@ Copies and views are counted with a TorchDispatchMode. Last line: one JSON objec
 
 These are CPU timings (one thread by default: the least disturbed by other load); they
 show what the layouts cost in memory traffic, not the NPU kernels' time.
+
+`--decode-step`: one layer's whole merge pair per decode step, as each side runs it, at
+pcp x dcp of 2x1, 1x2 and 2x2 and batches of 1 to 64 (bf16 FIA output, H local heads, D 128):
+the device operators it launches (copies and casts, collectives, the merge operator) and the
+bytes its copies write, ours (`pack_out_lse`, all_to_all, all-gather, `attention_update` on
+views) against vllm-ascend 0.23's pair (`common_cp.py:111-159`: fp32 casts, cat, permute +
+copy before the all_to_all, a copy before the PCP all-gather, permute + copy, split, unbind,
+TensorList AttentionUpdate). The collectives are stood in for by one opaque operator each
+that writes what the real one would (the same bytes on both sides), so no process group is
+needed; their bytes are reported apart.
 """
 
 from __future__ import annotations
@@ -87,6 +97,7 @@ class OpCounter(TorchDispatchMode):
         super().__init__()
         self.ops: collections.Counter[str] = collections.Counter()
         self.copy_bytes = 0
+        self.collective_bytes = 0  # written by the stand-in collectives (`--decode-step`)
         self.per_shard_views = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -96,6 +107,8 @@ class OpCounter(TorchDispatchMode):
         if name in COPY_OPS:
             outputs = result if isinstance(result, (list, tuple)) else [result]
             self.copy_bytes += sum(t.numel() * t.element_size() for t in outputs)
+        if name == "collective":
+            self.collective_bytes += args[0].numel() * args[0].element_size()
         if name == "unbind" or (name == "select" and _dim_argument(args, kwargs) == 0):
             self.per_shard_views += len(result) if isinstance(result, (list, tuple)) else 1
         return result
@@ -203,6 +216,98 @@ def run_case(sp: int, bs: int, repeats: int, generator: torch.Generator) -> dict
     }
 
 
+_bench_lib.define("collective(Tensor(a!) received, Tensor sent) -> ()")
+
+
+def _collective(received, sent):
+    """A stand-in collective: fills `received` (all_to_all: same size; all-gather: world
+    copies) from `sent`, as the NPU's collective would write it."""
+    received.view(-1, sent.numel()).copy_(sent.reshape(1, -1))
+
+
+_bench_lib.impl("collective", _collective, "CPU")
+COLLECTIVE = torch.ops.bench_cp.collective
+STEP_CONFIGS = ((2, 1), (1, 2), (2, 2))  # (pcp, dcp)
+STEP_BATCHES = (1, 4, 16, 64)
+KERNEL_OPS = COPY_OPS | {"attention_update", "attention_update_list", "collective"}
+
+
+def _gather(buffer: torch.Tensor, pcp: int) -> torch.Tensor:
+    gathered = buffer.new_empty((pcp * buffer.shape[0], *buffer.shape[1:]))
+    COLLECTIVE(gathered, buffer)
+    return gathered
+
+
+def ours_step(out: torch.Tensor, lse: torch.Tensor, pcp: int, dcp: int) -> torch.Tensor:
+    """Our pair per layer: pack, all_to_all (DCP), all-gather (PCP), merge strided views."""
+    buffer = pack_out_lse(out, lse, dcp)
+    if dcp > 1:
+        received = torch.empty_like(buffer)
+        COLLECTIVE(received, buffer)
+        buffer = received
+    if pcp > 1:
+        buffer = _gather(buffer, pcp)
+    return merge_cp_buffer(buffer)
+
+
+def vllm_ascend_step(out: torch.Tensor, lse: torch.Tensor, pcp: int, dcp: int) -> torch.Tensor:
+    """vllm-ascend 0.23's pair per layer, as `common_cp.py:111-159` runs it."""
+    lse, out = lse.to(torch.float32), out.to(torch.float32)
+    buffer = torch.cat([out, lse], dim=-1)
+    if dcp > 1:
+        buffer = buffer.permute([1, 2, 0]).contiguous()
+        received = torch.empty_like(buffer)
+        COLLECTIVE(received, buffer)
+        buffer = received.permute([2, 0, 1])
+    if pcp > 1:
+        buffer = _gather(buffer.contiguous(), pcp)
+    return vllm_ascend_merge(buffer, out.shape[-1], dcp=dcp, pcp=pcp)
+
+
+def step_counts(fn: Callable[[], object]) -> dict[str, int]:
+    """Device operators (copies and casts, collectives, merge operators; allocations and
+    views launch nothing), the bytes copies write and the bytes the collectives write."""
+    with OpCounter() as counter:
+        fn()
+    return {
+        "device_ops": counter._count(KERNEL_OPS), "copies": counter._count(COPY_OPS),
+        "copy_bytes": counter.copy_bytes, "collectives": counter.ops["collective"],
+        "collective_bytes": counter.collective_bytes,
+        "per_shard_views": counter.per_shard_views, "views": counter._count(VIEW_OPS),
+    }  # fmt: skip
+
+
+def decode_step_case(pcp: int, dcp: int, bs: int, generator: torch.Generator) -> dict:
+    """One layer's merge per decode step on both sides: what each launches and copies, and
+    whether their results agree."""
+    out = torch.randn(bs, dcp * HEADS, HEAD_DIM, generator=generator).bfloat16()
+    lse = torch.randn(bs, dcp * HEADS, 1, generator=generator) * 3
+    fns = {"ours": lambda: ours_step(out, lse, pcp, dcp),
+           "vllm_ascend": lambda: vllm_ascend_step(out, lse, pcp, dcp)}  # fmt: skip
+    for fn in fns.values():
+        fn()
+    difference = (fns["ours"]() - fns["vllm_ascend"]()).abs().max().item()
+    return {"pcp": pcp, "dcp": dcp, "bs": bs, "max_difference": difference,
+            "counts": {name: step_counts(fn) for name, fn in fns.items()}}  # fmt: skip
+
+
+def decode_step_table(batches=STEP_BATCHES, configs=STEP_CONFIGS) -> list[dict]:
+    """`--decode-step`: the table (module docstring), printed as Markdown rows."""
+    generator = torch.Generator().manual_seed(0)
+    rows = [decode_step_case(pcp, dcp, bs, generator) for pcp, dcp in configs for bs in batches]
+    print("| pcp x dcp | bs | device ops: ours / vllm-ascend | copies | bytes copied "
+          "| per-shard views | bytes the collectives write |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        ours, theirs = r["counts"]["ours"], r["counts"]["vllm_ascend"]
+        print(f"| {r['pcp']}x{r['dcp']} | {r['bs']} | {ours['device_ops']} / "
+              f"{theirs['device_ops']} | {ours['copies']} / {theirs['copies']} | "
+              f"{ours['copy_bytes']} / {theirs['copy_bytes']} | {ours['per_shard_views']} / "
+              f"{theirs['per_shard_views']} | {ours['collective_bytes']} / "
+              f"{theirs['collective_bytes']} |")  # fmt: skip
+    return rows
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sp", type=int, nargs="+", default=[2, 4, 8])
@@ -211,10 +316,19 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads (1: least disturbed by other load)"
     )
+    parser.add_argument(
+        "--decode-step", action="store_true",
+        help="one layer's merge pair per decode step, ours vs vllm-ascend's (module docstring)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     threads_before = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     try:
+        if args.decode_step:
+            rows = decode_step_table()
+            summary = {"decode_step": rows}
+            print(json.dumps({"max_difference": max(r["max_difference"] for r in rows)}))
+            return summary
         generator = torch.Generator().manual_seed(0)
         results = [run_case(sp, bs, args.repeats, generator) for sp in args.sp for bs in args.bs]
     finally:

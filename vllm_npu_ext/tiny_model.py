@@ -62,6 +62,11 @@ PRESETS: dict[str, dict] = {
 # Qwen3-Reranker-0.6B has Qwen3-Embedding-0.6B's shapes; its tokenizer appends nothing.
 PRESETS["reranker"] = {**PRESETS["tiny"], "reranker": True}
 PRESETS["reranker-0.6b"] = {**PRESETS["0.6b"], "reranker": True}
+# Context-parallel decode checks: one KV head, so that DCP 2 fits TP 2 (vLLM: dcp <= tp //
+# num_key_value_heads), head_dim 128 in bfloat16 (vllm-ascend's TND attention), weights drawn
+# wide so that greedy decoding walks through many tokens.
+PRESETS["cp"] = {**PRESETS["tiny"], "num_key_value_heads": 1, "head_dim": 128,
+                 "torch_dtype": "bfloat16", "initializer_range": 0.3}  # fmt: skip
 TOKENIZER_KEYS = ("tokenizer_vocab_size", "reranker")
 
 _WORD_LIST = (

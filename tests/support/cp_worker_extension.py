@@ -1,0 +1,166 @@
+"""A vLLM worker extension (`worker_extension_cls`) for the CP decode engine tests: methods
+each worker runs on `collective_rpc`, to read what its decode steps called.
+
+Probes are wrappers around the stand-in's `torch_npu` functions, which vllm-ascend looks up
+on every call (`torch_npu.npu_fused_infer_attention_score`, `torch_npu.npu_attention_update`,
+`torch_npu._npu_reshape_and_cache`) and around `AscendAttentionCPImpl._forward_decode_pcp_dcp`,
+looked up on the class: they count and pass every call through unchanged.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import importlib
+import sys
+
+ATTENTION_CP = "vllm_ascend.attention.context_parallel.attention_cp"
+counts: collections.Counter[str] = collections.Counter()
+_state = {"in_decode": False, "replays_at_reset": 0}
+
+
+def _counting(name, function, observe=None):
+    @functools.wraps(function)
+    def probe(*args, **kwargs):
+        counts[name] += 1
+        if _state["in_decode"]:
+            counts[f"{name} in CP decode"] += 1
+        if observe is not None:
+            observe(*args, **kwargs)
+        return function(*args, **kwargs)
+
+    probe.__wrapped_by_cp_probe__ = function
+    return probe
+
+
+def _fia_observed(*args, block_table=None, **kwargs):
+    if block_table is not None:
+        counts["paged FIA"] += 1
+
+
+def _slots_observed(*args, slot_indices=None, **kwargs):
+    if slot_indices is not None:
+        counts["negative slots"] += int((slot_indices < 0).sum())
+        counts["slots"] += slot_indices.numel()
+
+
+def _logits_observed(function):
+    """The largest |logit| the model computed (bf16: what bounds logprob differences)."""
+
+    @functools.wraps(function)
+    def probe(*args, **kwargs):
+        logits = function(*args, **kwargs)
+        if logits is not None and logits.numel():
+            largest = float(logits.float().abs().max())
+            counts["largest |logit|"] = max(counts["largest |logit|"], largest)
+        return logits
+
+    probe.__wrapped_by_cp_probe__ = function
+    return probe
+
+
+def _flag(value) -> bool:
+    """A bool from collective_rpc: a bool in process, a string over HTTP (dev mode)."""
+    return value is True or str(value).lower() in ("1", "true")
+
+
+def _decode(function):
+    @functools.wraps(function)
+    def probe(self, *args, **kwargs):
+        counts["CP decode layer-steps"] += 1
+        _state["in_decode"] = True
+        try:
+            return function(self, *args, **kwargs)
+        finally:
+            _state["in_decode"] = False
+
+    probe.__wrapped_by_cp_probe__ = function
+    return probe
+
+
+class CPProbe:
+    """Mixed into vllm-ascend's NPUWorker by vLLM (`--worker-extension-cls`)."""
+
+    def cp_probe_install(self, our_cann_operator: bool) -> dict:
+        """Wrap the probes (once); with `our_cann_operator`, our CANN AttentionUpdate (its
+        AscendC kernel built for the host, `emulator.operators.npu_ext_cann`) stands in for
+        the compiled extension on the stand-in's npu device, as the built package provides
+        it on Ascend."""
+        torch_npu = sys.modules["torch_npu"]
+        probes = {
+            "npu_fused_infer_attention_score": _fia_observed,
+            "npu_attention_update": None,
+            "_npu_reshape_and_cache": _slots_observed,
+        }
+        for name, observe in probes.items():
+            function = getattr(torch_npu, name)
+            if not hasattr(function, "__wrapped_by_cp_probe__"):
+                setattr(torch_npu, name, _counting(name, function, observe))
+        if ATTENTION_CP in sys.modules:
+            impl = sys.modules[ATTENTION_CP].AscendAttentionCPImpl
+            if not hasattr(impl._forward_decode_pcp_dcp, "__wrapped_by_cp_probe__"):
+                impl._forward_decode_pcp_dcp = _decode(impl._forward_decode_pcp_dcp)
+        model = self.model_runner.model
+        if not hasattr(model.compute_logits, "__wrapped_by_cp_probe__"):
+            model.compute_logits = _logits_observed(model.compute_logits)
+        if _flag(our_cann_operator):
+            _install_our_cann_operator()
+        return self.cp_probe_counts()
+
+    def cp_probe_counts(self) -> dict:
+        from vllm_npu_ext.emulator.device import graphs
+        from vllm_npu_ext.emulator.operators import npu_ext_cann
+        from vllm_npu_ext.patches import vllm_ascend_cp
+
+        module = sys.modules.get(ATTENTION_CP)
+        return {
+            **counts, "graph replays": graphs.stats["replays"] - _state["replays_at_reset"],
+            "our CANN operator": npu_ext_cann.calls[npu_ext_cann.OP_NAME],
+            "attention_cp imported": module is not None,
+            "merge patched": module is not None
+            and module._npu_attention_update is vllm_ascend_cp.npu_attention_update,
+        }
+
+    def cp_probe_reset(self) -> None:
+        from vllm_npu_ext.emulator.device import graphs
+        from vllm_npu_ext.emulator.operators import npu_ext_cann
+
+        counts.clear()
+        npu_ext_cann.calls.clear()
+        _state["replays_at_reset"] = graphs.stats["replays"]
+
+    def cp_set_patch(self, on: bool) -> bool:
+        """Our merge (on) or vllm-ascend's own pair (off) in this worker's attention_cp."""
+        from vllm_npu_ext.patches import vllm_ascend_cp
+
+        module = importlib.import_module(ATTENTION_CP)
+        if _flag(on):
+            return vllm_ascend_cp.patch_module(module)
+        vllm_ascend_cp.unpatch_module(module)
+        return module._npu_attention_update is not vllm_ascend_cp.npu_attention_update
+
+
+def _install_our_cann_operator() -> None:
+    """Our CANN operator on the stand-in's npu device: the host kernel's CPU registration
+    (`npu_ext_cann.install`), and for PrivateUse1 (the npu device's key, which
+    `binding.custom_kernel_available` asks for) the same kernel on host copies of the inputs,
+    its results copied back to the inputs' device."""
+    import torch
+
+    from vllm_npu_ext.cann_ops import binding
+    from vllm_npu_ext.emulator.operators import npu_ext_cann
+
+    npu_ext_cann.install()
+    if torch._C._dispatch_has_kernel_for_dispatch_key(binding.QUALIFIED_NAME, "PrivateUse1"):
+        return
+
+    def on_device(lse, go, update_type):
+        out, lse_out = npu_ext_cann.emulated_kernel(lse.cpu(), go.cpu(), update_type)
+        return out.to(lse.device), lse_out.to(lse.device)
+
+    library = torch.library.Library(binding.LIBRARY_NAMESPACE, "FRAGMENT")
+    library.impl(binding.OP_NAME, on_device, "PrivateUse1")
+    _libraries.append(library)
+
+
+_libraries: list = []

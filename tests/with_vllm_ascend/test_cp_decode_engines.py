@@ -1,0 +1,259 @@
+"""Long-context CP decode, end to end: vLLM 0.23 engines and servers on vllm-ascend 0.23's
+NPUPlatform under the torch_npu stand-in, generating through our merge.
+
+One tiny bf16 Qwen3 (`make_tiny_model(preset="cp")`: head_dim 128, one KV head, so that
+DCP 2 fits TP 2), three prompts of 660, 410 and 130 tokens, 12 greedy tokens with logprobs.
+Started together, at most two at a time (a TP 2 server is four processes):
+
+- servers (`vllm-npu-ext serve --runner generate`, eager): TP 2 with DCP 2, and TP 2 without
+  CP, both with our worker extension (`support/cp_worker_extension.py`) and vLLM's dev-mode
+  `/collective_rpc` to read each worker's probes and to switch the merge;
+- engines (`support/cp_generation_worker.py`): DCP 2 (TP 2) in piecewise graph mode, PCP 2
+  (TP 1) eager and piecewise, TP 1 with our plugin and TP 1 stock (our plugin left out of
+  VLLM_PLUGINS), the latter two in-process.
+
+Each CP run generates with our merge, then in the same engine with vllm-ascend's own pair
+(the patch undone in every worker). CP engines are compared with their non-CP baseline
+within the bf16 bound derived in `support/cp_decode.py`. `enable_cp()` is cached per process
+(`attention/utils.py:123-126`): every configuration is a process of its own.
+
+Run settings and why: `cp_kv_cache_interleave_size` 1 and prompts longer than pcp x dcp
+tokens (no rank with an empty shard: FIA with no key is undefined), whole prompts in one
+step and no prefix caching (vllm-ascend's chunked-context path calls ATB's paged cache load,
+not emulated), PCP with async scheduling off (its DualChunkSwap padding reads the input
+batch's stale -1 placeholders under async scheduling, `worker/model_runner_v1.py:2737-2755`,
+and embeds them at TP 1: IndexError on the host), graph mode PIECEWISE (vLLM's default for
+generation, FULL_AND_PIECEWISE, captures decode in full graphs: FULL_DECODE_ONLY's APIs).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+from support.cp_decode import (
+    CHAT_TEMPLATE,
+    MAX_TOKENS,
+    SERVER_FLAGS,
+    compare,
+    from_chat,
+    from_completion,
+    largest_logit,
+    prompt_text,
+    prompts,
+    start_engine,
+)
+from support.server import Server
+from support.vllm_ascend_env import server_env
+
+MERGES = ("ours", "vllm-ascend")
+ASYNC_OFF = {"async_scheduling": False}
+PIECEWISE = {"enforce_eager": False, "compilation_config": {"cudagraph_mode": "PIECEWISE"}}
+# name -> (engine args, baseline run, extra worker flags, extra environment)
+ENGINES = {
+    "tp1": ({}, None, (), {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}),
+    "tp1 stock": ({}, None, ("--stock",), {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}),
+    "pcp2 eager": ({"prefill_context_parallel_size": 2, **ASYNC_OFF}, "tp1", (), {}),
+    "pcp2 piecewise": ({"prefill_context_parallel_size": 2, **ASYNC_OFF, **PIECEWISE}, "tp1",
+                       (), {}),
+    "dcp2 piecewise": ({"tensor_parallel_size": 2, "decode_context_parallel_size": 2,
+                        **PIECEWISE}, "tp2", (), {}),
+}  # fmt: skip
+# Distinct port ranges for processes that run at once (`support.cp_decode.start_engine`).
+PORT_BASE, PORT_STRIDE = 21000, 100
+CP_RUNS = {"dcp2 eager (server)": "tp2", **{n: e[1] for n, e in ENGINES.items() if e[1]}}
+BAD_COMPLETIONS = {
+    "longer than max-model-len": {"prompt": [[5] * 1100], "max_tokens": 4},
+    "negative max_tokens": {"prompt": "context", "max_tokens": -1},
+    "token id outside the vocabulary": {"prompt": [[3, 10**9]], "max_tokens": 4},
+    "temperature not a number": {"prompt": "context", "temperature": "hot"},
+}
+
+
+class Runs:
+    """The two servers, queried and stopped, then the engine runs (module docstring)."""
+
+    def __init__(self, root, model_dir):
+        self.model_dir, self.token_ids = model_dir, prompts(model_dir)
+        template = root / "chat.jinja"
+        template.write_text(CHAT_TEMPLATE)
+        self.root, self.template, self.results, self.seconds = root, template, {}, {}
+        with ThreadPoolExecutor(2) as pool:
+            servers = pool.submit(self._servers)
+            engines = [pool.submit(self._engine, name) for name in ENGINES]
+            servers.result()
+            for future in engines:
+                future.result()
+
+    def _engine(self, name):
+        engine_args, _, flags, env = ENGINES[name]
+        env = {**env, "VLLM_PORT": str(PORT_BASE + PORT_STRIDE * (2 + list(ENGINES).index(name)))}
+        began = time.monotonic()
+        process, out, log = start_engine(name.replace(" ", "_"), self.model_dir, self.root,
+                                         self.token_ids, engine_args, *flags,
+                                         "--merges", ",".join(MERGES), **env)  # fmt: skip
+        code = process.wait(timeout=1200)
+        assert code == 0, log.read_text(errors="replace")[-6000:]
+        self.results[name] = json.loads(out.read_text())
+        self.seconds[name] = time.monotonic() - began
+
+    def _servers(self):
+        """One after the other (a TP 2 server is four processes): each queried, then stopped."""
+        flags = [str(self.model_dir), *SERVER_FLAGS, "--chat-template", str(self.template),
+                 "-tp", "2"]  # fmt: skip
+        for index, (name, extra) in enumerate((
+            ("tp2", []), ("dcp2 eager (server)", ["--decode-context-parallel-size", "2"]),
+        )):  # fmt: skip
+            began = time.monotonic()
+            port = str(PORT_BASE + PORT_STRIDE * index)
+            env = server_env(VLLM_SERVER_DEV_MODE="1", VLLM_PORT=port)
+            server = Server([*flags, *extra], self.root / f"{name.split()[0]}.log", env)
+            try:
+                server.wait_healthy(900)
+                self.results[name] = self._query(server, cp=bool(extra))
+                # While serving: stopping the engine logs its own EngineDeadError traceback.
+                self.results[name]["log"] = server.log_text()
+            finally:
+                server.stop()
+            self.seconds[name] = time.monotonic() - began
+
+    def _query(self, server, cp: bool) -> dict:
+        url = server.base_url
+        model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
+
+        def rpc(method, *args):
+            body = {"method": method, "args": [str(a) for a in args]}
+            return httpx.post(f"{url}/collective_rpc", json=body, timeout=300).json()["results"]
+
+        def completions():
+            body = {"model": model, "prompt": self.token_ids, "max_tokens": MAX_TOKENS,
+                    "temperature": 0, "logprobs": 2, "return_tokens_as_token_ids": True,
+                    "ignore_eos": True}  # fmt: skip
+            response = httpx.post(f"{url}/v1/completions", json=body, timeout=600)
+            return from_completion(response.json()["choices"])
+
+        result = {"runs": {}}
+        for merge in MERGES if cp else ("none",):
+            rpc("cp_probe_install", merge == "ours")
+            if cp:
+                rpc("cp_set_patch", merge == "ours")
+            rpc("cp_probe_reset")
+            result["runs"][merge] = {**completions(), "workers": rpc("cp_probe_counts")}
+        if cp:
+            rpc("cp_set_patch", True)  # the chat below through our merge
+        result["chat"] = httpx.post(f"{url}/v1/chat/completions", json={
+            "model": model, "messages": [{"role": "user", "content": prompt_text(260, 9)}],
+            "max_tokens": MAX_TOKENS, "temperature": 0, "logprobs": True, "top_logprobs": 2,
+            "return_tokens_as_token_ids": True}, timeout=600).json()  # fmt: skip
+        result["chat_workers"] = rpc("cp_probe_counts")  # the largest logit, chat included
+        result["bad"] = {name: httpx.post(f"{url}/v1/completions", json={"model": model, **body},
+                                          timeout=60).status_code
+                         for name, body in BAD_COMPLETIONS.items()}  # fmt: skip
+        result["malformed"] = httpx.post(
+            f"{url}/v1/completions", content=b'{"prompt": ["x"',
+            headers={"content-type": "application/json"}, timeout=60,
+        ).status_code  # fmt: skip
+        return result
+
+
+@pytest.fixture(scope="module")
+def runs(vllm_ascend_started, tmp_path_factory):
+    from vllm_npu_ext.tiny_model import make_tiny_model
+
+    root = tmp_path_factory.mktemp("cp_decode")
+    began = time.monotonic()
+    started = Runs(root, make_tiny_model(root / "model", preset="cp"))
+    print(f"CP decode runs: {time.monotonic() - began:.0f} s wall; {started.seconds}")
+    return started.results
+
+
+def run_of(runs, name, merge):
+    return runs[name]["runs"][merge]
+
+
+@pytest.mark.parametrize("name", CP_RUNS)
+def test_cp_generation_equals_the_non_cp_baseline_where_the_margin_is_clear(runs, name):
+    baseline = run_of(runs, CP_RUNS[name], "none")
+    for merge in MERGES:
+        run = run_of(runs, name, merge)
+        largest = largest_logit(run["workers"], baseline["workers"])
+        result = compare(run, baseline, largest)
+        print(f"{name}, {merge} merge vs {CP_RUNS[name]}: {result.compared} steps compared, "
+              f"{result.clear} clear, worst |d logprob| {result.worst_logprob:.4f} "
+              f"(bound {result.bound:.4f})")  # fmt: skip
+        assert not result.unequal_clear, result
+        assert not result.over_bound, result
+        assert result.clear >= MAX_TOKENS, result  # not vacuous: a request's worth at least
+
+
+@pytest.mark.parametrize("name", CP_RUNS)
+def test_our_merge_and_vllm_ascends_generate_alike_in_one_engine(runs, name):
+    ours, theirs = run_of(runs, name, "ours"), run_of(runs, name, "vllm-ascend")
+    assert ours["tokens"] == theirs["tokens"]
+    result = compare(ours, theirs, largest_logit(ours["workers"], theirs["workers"]))
+    print(f"{name}: ours vs vllm-ascend's merge: worst |d logprob| {result.worst_logprob}")
+    assert not result.over_bound, result
+
+
+@pytest.mark.parametrize("name", CP_RUNS)
+def test_every_decode_step_ran_paged_fia_and_our_merge_in_every_worker(runs, name):
+    """Read from each worker's probes: per layer per decode step one paged FIA call and one
+    call of our operator; vllm-ascend's TensorList AttentionUpdate never in decode with the
+    patch on, once per layer-step with it off; -1 slots in ReshapeAndCache."""
+    layers = 2
+    for merge in MERGES:
+        for worker in run_of(runs, name, merge)["workers"]:
+            steps = worker["CP decode layer-steps"]
+            assert steps % layers == 0 and steps >= layers * (MAX_TOKENS - 1), worker
+            assert worker["paged FIA"] == worker["npu_fused_infer_attention_score in CP decode"]
+            assert worker["npu_fused_infer_attention_score in CP decode"] == steps, worker
+            assert worker["negative slots"] > 0, worker
+            assert worker["merge patched"] is (merge == "ours"), worker
+            ours = steps if merge == "ours" else 0
+            assert worker["our CANN operator"] == ours, worker
+            assert worker.get("npu_attention_update in CP decode", 0) == steps - ours, worker
+
+
+@pytest.mark.parametrize("name", [n for n in CP_RUNS if "piecewise" in n])
+def test_piecewise_engines_replay_vllm_ascends_acl_graphs(runs, name):
+    """vllm-ascend's piecewise ACL graphs, captured and replayed on the stand-in's NPUGraph,
+    with CP attention between the replays."""
+    assert runs[name]["cudagraph_mode"] == "PIECEWISE"
+    for merge in MERGES:
+        for worker in run_of(runs, name, merge)["workers"]:
+            assert worker["graph replays"] > worker["CP decode layer-steps"], worker
+
+
+def test_generation_with_our_plugin_is_stock_vllm_ascends(runs):
+    """Without CP, the plugin changes nothing of vllm-ascend's generation: the same tokens and
+    the same logprobs, bit for bit, with decode on the paged cache in both."""
+    ours, stock = run_of(runs, "tp1", "none"), run_of(runs, "tp1 stock", "none")
+    assert ours["tokens"] == stock["tokens"] and ours["logprobs"] == stock["logprobs"]
+    for run in (ours, stock):
+        (worker,) = run["workers"]
+        assert worker["paged FIA"] >= 2 * (MAX_TOKENS - 1) and not worker["attention_cp imported"]
+
+
+def test_the_cp_servers_chat_answers_as_the_non_cp_servers(runs):
+    """/v1/chat/completions of a 500-token message on both servers (their /v1/completions:
+    `dcp2 eager (server)` above), compared as the engines are."""
+    cp_chat, chat = runs["dcp2 eager (server)"]["chat"], runs["tp2"]["chat"]
+    assert "choices" in cp_chat and "choices" in chat, (cp_chat, chat)
+    assert cp_chat["usage"]["prompt_tokens"] == chat["usage"]["prompt_tokens"] > 400
+    largest = largest_logit(runs["dcp2 eager (server)"]["chat_workers"],
+                            runs["tp2"]["chat_workers"])  # fmt: skip
+    result = compare(from_chat(cp_chat["choices"][0]), from_chat(chat["choices"][0]), largest)
+    print(f"chat, DCP 2 server vs TP 2 server: {result}")
+    assert not result.unequal_clear and not result.over_bound, result
+    assert result.compared >= 1
+    assert "decode_context_parallel_size=2" in runs["dcp2 eager (server)"]["log"]
+
+
+@pytest.mark.parametrize("server", ["tp2", "dcp2 eager (server)"])
+def test_bad_requests_get_400_and_no_traceback(runs, server):
+    result = runs[server]
+    assert result["bad"] == dict.fromkeys(BAD_COMPLETIONS, 400) and result["malformed"] == 400
+    assert "Traceback" not in result["log"]
