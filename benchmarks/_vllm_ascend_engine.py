@@ -3,7 +3,7 @@ the torch_npu stand-in (host-backed `npu` device); writes what the tests check a
 
     VLLM_NPU_EXT_EMULATE=1 PYTHONPATH=<vllm-ascend site>:tests \\
         python benchmarks/_vllm_ascend_engine.py --model DIR --out FILE --texts JSON [--stock] \\
-        [--engine-args JSON]
+        [--engine-args JSON] [--rerank QUERY] [--token-batches JSON]
 
 `--stock` is stock vllm-ascend: our general plugin (the model) left out of VLLM_PLUGINS, our
 platform plugin kept (it only installs the stand-in here). Results: the worker's, runner's and
@@ -184,6 +184,8 @@ def main() -> None:
     parser.add_argument("--token-batches", default="[]", help="JSON list of batches, each a "
                         "list of prompt lengths: the first decoder layer's launches and bytes "
                         "for each batch of random token ids (eager runs)")  # fmt: skip
+    parser.add_argument("--rerank", metavar="QUERY", help="serve MODEL as Qwen3-Reranker (our "
+                        "overrides and template) and score QUERY against the texts")  # fmt: skip
     args = parser.parse_args()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if args.stock:
@@ -200,6 +202,11 @@ def main() -> None:
 
     engine_args = dict(runner="pooling", convert="embed", dtype="float32", max_model_len=128,
                        enforce_eager=True, kv_cache_memory_bytes=16 << 20)  # fmt: skip
+    if args.rerank is not None:
+        from vllm_npu_ext import reranker
+
+        del engine_args["convert"]  # vLLM picks classify from the architecture name
+        engine_args.update(hf_overrides=reranker.HF_OVERRIDES, max_model_len=512)
     engine_args.update(json.loads(args.engine_args))
     started = time.perf_counter()
     llm = LLM(args.model, **engine_args)
@@ -208,23 +215,32 @@ def main() -> None:
     runner = worker.model_runner
     model = runner.get_model()
     parameters = {str(p.device) for p in model.parameters()}
-    embeddings = [o.outputs.embedding for o in llm.embed(texts)]
+    if args.rerank is None:
+        def outputs(items):
+            return [o.outputs.embedding for o in llm.embed(items, use_tqdm=False)]
+    else:
+        template = reranker.template_text()
+
+        def outputs(items):
+            return [o.outputs.score for o in llm.score(args.rerank, items, use_tqdm=False,
+                                                       chat_template=template)]  # fmt: skip
+    embeddings = outputs(texts)
     # The same texts one request per step: other sequence boundaries, other padded sizes.
-    one_by_one = [llm.embed([text])[0].outputs.embedding for text in texts]
+    one_by_one = [outputs([text])[0] for text in texts]
 
     layers = llm.llm_engine.vllm_config.model_config.hf_config.num_hidden_layers
     _runtime.reset_counts()
     # Eager: a decoder layer's forward hooks see its operators. Compiled (graph mode), the
     # layers are not Python modules that run: the whole forward is counted instead.
-    layer = _layer_counts(model, lambda: llm.embed(texts[:1]))
-    forward = _forward_counts(lambda: llm.embed(texts[:1]))
+    layer = _layer_counts(model, lambda: outputs(texts[:1]))
+    forward = _forward_counts(lambda: outputs(texts[:1]))
     config = llm.llm_engine.vllm_config
     generator = torch.Generator().manual_seed(0)
     vocab = config.model_config.get_vocab_size()
     batches = [[{"prompt_token_ids": torch.randint(vocab, (n,), generator=generator).tolist()}
                 for n in lengths] for lengths in json.loads(args.token_batches)]  # fmt: skip
     token_batches = [{"tokens": sum(len(p["prompt_token_ids"]) for p in batch),
-                      **_layer_counts(model, lambda b=batch: llm.embed(b, use_tqdm=False))}
+                      **_layer_counts(model, lambda b=batch: outputs(b))}
                      for batch in batches]  # fmt: skip
     results = {
         "worker": type(worker).__module__ + "." + type(worker).__qualname__,
@@ -237,7 +253,7 @@ def main() -> None:
         "kv_cache_tensor_bytes": _tensor_bytes(getattr(runner, "kv_caches", [])),
         "kv_cache_groups": len(runner.kv_cache_config.kv_cache_groups),
         "device_allocated_bytes": host_npu.memory_figures().allocated_bytes,
-        "embeddings": embeddings, "embeddings_one_by_one": one_by_one,
+        "embeddings": embeddings, "embeddings_one_by_one": one_by_one,  # scores: --rerank
         "layer": layer, "forward": forward, "token_batches": token_batches,
         "graphs": dict(graphs.stats),
         "graph_mode": _graph_mode(model, config), "startup_seconds": round(startup_seconds, 1),

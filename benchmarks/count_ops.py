@@ -29,19 +29,21 @@ ops (one layer's work but attention) plus one splitting piece. Views and bare al
 never count; in-place operators (copies) do. Last line: one JSON object with the counts.
 
 Under vllm-ascend (`--vllm-ascend SITE`, SITE = where vllm-ascend is installed, e.g.
-`.venv-ascend/vllm-ascend`; run with that stack's python): one in-process engine each for us and
-for stock vllm-ascend (our model plugin left out of VLLM_PLUGINS) on vllm-ascend's NPUWorker and
-NPUModelRunner under the torch_npu stand-in (`_vllm_ascend_engine.py`), eager, and the device
-operators of the first decoder layer's forward for one text, counted by the same counter:
-`vllm_ascend` and `stock_vllm_ascend` in the JSON (an entry that could not run says where it
-stopped), both on one tiny bf16 checkpoint with head_dim 128 (stock's attention takes no
-other: `STOCK_CHECKPOINT` in `_vllm_ascend_engine.py`) unless `--model` names one.
-`vllm_ascend_graph` and `stock_vllm_ascend_graph`: our model and stock in default graph mode
-(piecewise ACL graphs captured and replayed by vllm-ascend's ACLGraphWrapper on the stand-in's
-NPUGraph): per decoder layer, the device operators the host ran between graph replays and those
-recorded in the graphs (of one capture size). Stock's graph mode runs on the stand-ins of
-vllm-ascend's operator library (`emulator/operators/vllm_ascend_library.py`) and of its Triton
-QK-norm + RoPE operator (`emulator/operators/vllm_ascend_triton.py`), which it needs to start.
+`.venv-ascend/vllm-ascend`; run with that stack's python): one engine process per run
+(`VLLM_ASCEND_RUNS`) for us and for stock vllm-ascend (our model plugin left out of
+VLLM_PLUGINS) on vllm-ascend's NPUWorker and NPUModelRunner under the torch_npu stand-in
+(`_vllm_ascend_engine.py`): eager, piecewise ACL graphs (stock's default; ours with
+VLLM_NPU_EXT_FULL_GRAPH=0) and our one graph per forward, captured and replayed on the
+stand-in's NPUGraph. Per decoder layer, the launches the host ran between graph replays, those
+recorded in the graphs (of one capture size), graph replays per forward and the KV cache
+bytes, counted by the same counter (`op_counter.py`: launches inside custom ops counted), on
+one tiny bf16 checkpoint with head_dim 128 (stock's attention takes no other:
+`STOCK_CHECKPOINT` in `_vllm_ascend_engine.py`) unless `--model` names one. An entry that
+could not run says where it stopped. Stock's graph mode runs on the stand-ins of vllm-ascend's
+operator library (`emulator/operators/vllm_ascend_library.py`) and of its Triton QK-norm +
+RoPE operator (`emulator/operators/vllm_ascend_triton.py`), which it needs to start.
+`--bytes`: eager only, one decoder layer at the Qwen3-Embedding-0.6B shapes, the bytes each
+launch reads and writes with 512 and 8192 tokens.
 """
 
 from __future__ import annotations

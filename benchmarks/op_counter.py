@@ -10,7 +10,10 @@ vLLM's and vllm-ascend's Python custom ops) are not launches themselves: the cou
 them and counts what they issue, attributed to them (`inside`), so stock's attention op shows
 as its ReshapeAndCache, FIA and result copy. With `measure_bytes`, each launch's bytes are
 summed from tensor sizes: read = its tensor arguments, written = its results and the
-arguments it writes (in place, `out=`), a result that is a written argument counted once.
+arguments it writes (in place, `out=`), a result that is a written argument counted once; a
+table read by position and a cache written by slot count the rows touched. FIA's compressed
+causal mask (2048 x 2048 bool, 4 MiB) counts whole on every call, though the kernel reads only
+the tiles its sequences need.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ class OpCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if not _launches_work(func):
+        if not _launches_work(func) or _copies_onto_itself(func, args):
             return func(*args, **kwargs)
         name = _op_name(func)
         if self._inside is None:
@@ -106,6 +109,19 @@ def _launches_work(func) -> bool:
     return not any(r.alias_info is not None and not r.alias_info.is_write for r in returns)
 
 
+def _copies_onto_itself(func, args) -> bool:
+    """`dst.copy_(src)` of the same data (memory, sizes, strides, dtype): PyTorch's copy_
+    returns before any kernel (aten/src/ATen/native/Copy.cpp, copy_impl's `is_same_data`).
+    vllm-ascend's attention does one per layer (`attention_v1.py:1543`, after :1360 copied
+    FIA's result into the same output rows)."""
+    if func.__name__ != "copy_.default" or len(args) < 2:
+        return False
+    dst, src = args[0], args[1]
+    return (isinstance(src, torch.Tensor) and dst.data_ptr() == src.data_ptr()
+            and dst.shape == src.shape and dst.stride() == src.stride()
+            and dst.dtype == src.dtype)  # fmt: skip
+
+
 def _nbytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
@@ -114,17 +130,43 @@ def _tensors(value) -> list[torch.Tensor]:
     return [leaf for leaf in tree_flatten(value)[0] if isinstance(leaf, torch.Tensor)]
 
 
+# Arguments a kernel touches only in part, by index (the rest of the tensor moves nothing):
+# a cos/sin table read at `positions` (vLLM's `cos_sin_cache`: npu_mrope, vllm-ascend's
+# rotary and q/k norm + RoPE kernels), and paged caches written at `slot_indices` /
+# `slot_mapping` (ATB ReshapeAndCache, `reshape_and_cache_nd.cpp`: one row per token).
+TABLES_BY_POSITION = ("cos_sin_cache",)
+SLOT_INDICES = ("slot_indices", "slot_mapping")
+
+
+def _touched(name: str, tensor: torch.Tensor, bound: dict, writes: bool) -> int:
+    """Bytes of `tensor` (argument `name`, written or read) a launch touches: the rows it
+    indexes, else all."""
+    positions = bound.get("positions")
+    if name in TABLES_BY_POSITION and isinstance(positions, torch.Tensor):
+        return positions.shape[-1] * tensor[0].numel() * tensor.element_size()
+    slots = next((bound[k] for k in SLOT_INDICES if isinstance(bound.get(k), torch.Tensor)), None)
+    if writes and slots is not None and tensor.dim() >= 3:
+        row = tensor.numel() // (tensor.shape[0] * tensor.shape[1])  # [blocks, block_size, ...]
+        return slots.numel() * row * tensor.element_size()
+    return tensor.numel() * tensor.element_size()
+
+
 def _bytes(func, args, kwargs, out) -> tuple[int, int]:
-    """(read, written) of one launch from tensor sizes (module docstring)."""
-    written_args: list[torch.Tensor] = []
-    read_args: list[torch.Tensor] = []
+    """(read, written) of one launch from tensor sizes (module docstring), indexed tables and
+    caches counted by the rows touched (`_touched`)."""
+    read = written = 0
+    seen: set[int] = set()
     bound = dict(zip((a.name for a in func._schema.arguments), args, strict=False))
     bound.update(kwargs)
     for argument in func._schema.arguments:
-        value = bound.get(argument.name)
         writes = argument.name == "out" or (
             argument.alias_info is not None and argument.alias_info.is_write)  # fmt: skip
-        (written_args if writes else read_args).extend(_tensors(value))
-    seen = {t.data_ptr() for t in written_args}
+        for tensor in _tensors(bound.get(argument.name)):
+            size = _touched(argument.name, tensor, bound, writes)
+            if writes:
+                written += size
+                seen.add(tensor.data_ptr())
+            else:
+                read += size
     fresh = [t for t in _tensors(out) if t.data_ptr() not in seen]
-    return _nbytes(read_args), _nbytes(written_args) + _nbytes(fresh)
+    return read, written + _nbytes(fresh)
