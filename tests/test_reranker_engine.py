@@ -53,16 +53,19 @@ def test_cache_free_attention_without_prefix_caching(rerank_engine_run):
 
 
 def test_emulated_pass_took_the_fused_npu_path(rerank_engine_run):
-    from vllm_npu_ext.selfcheck.engine_probe import FUSED_OPERATORS
+    from vllm_npu_ext.selfcheck.engine_probe import FUSED_OPERATORS, QK_PATH_OPERATORS
 
     npu_path = rerank_engine_run["npu_path"]
     assert npu_path["active"]
     assert "backend: NPU path (torch_npu emulator" in rerank_engine_run["log"]
     calls = rerank_engine_run["fused_calls"]
     # float32: q/k/v through the merged projection (npu_grouped_matmul takes float32 only as
-    # one tensor), attention through npu_fusion_attention (FIA has no float32)
-    assert set(npu_path["fusions"]) == set(FUSED_OPERATORS) - {"grouped_qkv"} | {"attention"}
-    for fusion in npu_path["fusions"]:
+    # one tensor), attention through npu_fusion_attention (FIA has no float32); q/k norms and
+    # rotary by the q/k path (vllm-ascend's bf16-only qkv_rmsnorm_rope does not take float32)
+    qk = {"rotary", "qk_norm_rope"}
+    assert set(npu_path["fusions"]) == set(FUSED_OPERATORS) - {"grouped_qkv"} | {"attention"} | qk
+    for fusion in set(npu_path["fusions"]) - qk:
         operator = f"npu_{npu_path['attention_op']}" if fusion == "attention" else None
         assert calls.get(operator or FUSED_OPERATORS[fusion], 0) > 0, fusion
     assert npu_path["attention_op"] == "fusion_attention"
+    assert calls.get(QK_PATH_OPERATORS[npu_path["qk_path"]], 0) > 0, npu_path["qk_path"]

@@ -177,7 +177,10 @@ def check_graph_mode(vllm_config: Any, compiled: bool) -> str:
     ops = compilation_config.splitting_ops or []
     if compiled and SPLITTING_OP in ops:
         return "piecewise"
-    if not (compiled and mode is not None and mode.has_piecewise_cudagraphs()):
+    # Piecewise with an empty list captures nothing: vLLM sets NONE for it
+    # (vllm/config/compilation.py:1151-1168 in 0.23).
+    piecewise = mode is not None and mode.has_piecewise_cudagraphs()
+    if not (compiled and piecewise) or compilation_config.splitting_ops == []:
         return "none"
     obstacle = full_graph_obstacle(vllm_config)
     if obstacle is not None:
