@@ -26,12 +26,12 @@ import dataclasses
 import functools
 import hashlib
 import os
-import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
-from vllm_npu_ext import envs
+from vllm_npu_ext import envs, host_compiler
+from vllm_npu_ext.host_compiler import CompilerMissing  # noqa: F401 (re-exported)
 
 OP_DIR = Path(__file__).resolve().parent.parent
 KERNEL_DIR = OP_DIR / "op_kernel"
@@ -60,10 +60,6 @@ CXX_FLAGS = (
 KERNEL_FLAGS = ("-Wno-unused-parameter", "-D__CCE_KT_TEST__", "-include", TILING_HEADER.name)
 
 
-class CompilerMissing(RuntimeError):
-    """No C++ compiler: the host build of the kernel cannot be made."""
-
-
 @dataclasses.dataclass(frozen=True)
 class Unit:
     """One translation unit: its source, the flags beyond CXX_FLAGS, and whether it compiles
@@ -76,15 +72,7 @@ class Unit:
 
 def compiler() -> str:
     """Path of the C++ compiler ($CXX or g++); CompilerMissing names what to install."""
-    name = os.environ.get("CXX", "g++")
-    path = shutil.which(name)
-    if path is None:
-        raise CompilerMissing(
-            f"C++ compiler {name!r} not found on PATH: the host build of the "
-            "NpuExtAttentionUpdate AscendC kernel needs a C++17 compiler (install g++, or set "
-            "CXX to one)"
-        )
-    return path
+    return host_compiler.compiler("the host build of the NpuExtAttentionUpdate AscendC kernel")
 
 
 @functools.cache

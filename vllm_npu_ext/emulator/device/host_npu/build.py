@@ -15,32 +15,23 @@ import fcntl
 import functools
 import hashlib
 import os
-import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
-from vllm_npu_ext import envs
+from vllm_npu_ext import envs, host_compiler
+from vllm_npu_ext.host_compiler import CompilerMissing  # noqa: F401 (re-exported)
 
 SOURCE = Path(__file__).resolve().parent / "host_npu.cpp"
 LIBRARY_NAME = "libvllm_npu_ext_host_npu.so"
 CXX_FLAGS = ("-std=c++17", "-O2", "-fPIC", "-shared", "-Wall", "-Wextra", "-Werror")
 
 
-class CompilerMissing(RuntimeError):
-    """No C++ compiler: the stand-in's npu device cannot be built."""
-
-
 def compiler() -> str:
-    name = os.environ.get("CXX", "g++")
-    path = shutil.which(name)
-    if path is None:
-        raise CompilerMissing(
-            f"C++ compiler {name!r} not found on PATH: the torch_npu stand-in's host-backed npu "
-            "device (vllm_npu_ext/emulator/device/host_npu/host_npu.cpp) needs a C++17 compiler "
-            "(install g++, or set CXX to one)"
-        )
-    return path
+    return host_compiler.compiler(
+        "the torch_npu stand-in's host-backed npu device "
+        "(vllm_npu_ext/emulator/device/host_npu/host_npu.cpp)"
+    )
 
 
 def _torch_flags() -> tuple[list[str], list[str]]:
