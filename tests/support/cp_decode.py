@@ -149,13 +149,12 @@ def from_chat(choice: dict) -> dict:
 def from_completion(choices: list[dict]) -> dict:
     """An OpenAI completions response's choices (`logprobs: 2`,
     `return_tokens_as_token_ids`) as the engine worker's run."""
-    token_id = _token_id
     tokens, logprobs = [], []
     for choice in sorted(choices, key=lambda c: c["index"]):
         data = choice["logprobs"]
-        tokens.append([token_id(t) for t in data["tokens"]])
+        tokens.append([_token_id(t) for t in data["tokens"]])
         logprobs.append([
-            {"logprob": chosen, "top": sorted(([token_id(t), lp] for t, lp in top.items()),
+            {"logprob": chosen, "top": sorted(([_token_id(t), lp] for t, lp in top.items()),
                                               key=lambda item: -item[1])[:2]}
             for chosen, top in zip(data["token_logprobs"], data["top_logprobs"], strict=True)
         ])  # fmt: skip
