@@ -23,6 +23,23 @@ def test_serve_defaults_to_pooling_embed_and_validation(tmp_path):
     assert json.loads(command[command.index("--hf-overrides") + 1]) == {"is_matryoshka": True}
 
 
+def test_a_headless_node_runs_vllms_serve_subcommand_with_the_same_defaults(tmp_path):
+    """vLLM's api_server module would ignore --headless and start an API server."""
+    args = [str(tmp_path), "--headless", "--data-parallel-start-rank", "1"]
+    command = cli.serve_command(args)
+    assert command[1:4] == ["-m", cli.HEADLESS_MODULE, "--model"]
+    with_api_server = cli.serve_command([args[0], *args[2:]])
+    assert with_api_server[2] == cli.SERVER_MODULE
+    assert [arg for arg in command[3:] if arg != "--headless"] == with_api_server[3:]
+
+
+def test_the_headless_module_refuses_a_node_with_an_api_server():
+    from vllm_npu_ext import headless
+
+    with pytest.raises(SystemExit, match="--headless is missing"):
+        headless.main(["--model", "m"])
+
+
 def test_serve_adds_its_middleware_after_the_users(tmp_path):
     command = cli.serve_command([str(tmp_path), "--middleware", "my.Middleware"])
     values = [command[i + 1] for i, arg in enumerate(command) if arg == "--middleware"]

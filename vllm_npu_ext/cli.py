@@ -9,6 +9,8 @@ import sys
 from collections.abc import Sequence
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+# A node without an API server: that module ignores --headless (vllm_npu_ext/headless.py).
+HEADLESS_MODULE = "vllm_npu_ext.headless"
 # Added to every server, after any `--middleware` of the user's (the guard outermost).
 MIDDLEWARES = (
     "vllm_npu_ext.entrypoints.middleware.EmbeddingRequestValidator",
@@ -95,7 +97,8 @@ def serve_command(args: Sequence[str]) -> list[str]:
     defaults = _reranker_defaults(rest, instruction) if reranker else _embedding_defaults(rest)
     if _on_cpu():
         defaults["--gpu-memory-utilization"] = [CPU_MEMORY_UTILIZATION]
-    command = [sys.executable, "-m", SERVER_MODULE, "--model", model, *rest]
+    module = HEADLESS_MODULE if "--headless" in rest else SERVER_MODULE
+    command = [sys.executable, "-m", module, "--model", model, *rest]
     for middleware in MIDDLEWARES:
         if middleware not in rest:
             command += ["--middleware", middleware]

@@ -47,7 +47,7 @@ def server_arguments(argv: list[str]) -> list[str]:
         return argv[2:]
     with mock.patch("vllm_npu_ext.tiny_model.ensure_default_model", return_value=PLACEHOLDER_MODEL):
         command = cli.serve_command(argv[2:])
-    if command[1:3] != ["-m", cli.SERVER_MODULE]:
+    if command[1] != "-m" or command[2] not in (cli.SERVER_MODULE, cli.HEADLESS_MODULE):
         raise AssertionError(f"serve_command no longer runs {cli.SERVER_MODULE}: {command[:3]}")
     return command[3:]
 
