@@ -58,8 +58,9 @@ def test_the_default_overload_takes_no_out_list():
 
 
 def test_a_max_workspace_serves_every_length_assignment_of_its_shapes():
-    """Sized once (at capture) for 7 tokens in one sequence, then used with other lengths."""
-    workspace = emu._npu_fused_infer_attention_score_get_max_workspace(**fia_kwargs([7]))
+    """Sized once (at capture) for 7 tokens in three sequences, then used with other lengths
+    of at most three sequences (emulator/operators/attention_workspace.py says why not more)."""
+    workspace = emu._npu_fused_infer_attention_score_get_max_workspace(**fia_kwargs([1, 2, 7]))
     assert workspace.dim() == 1 and workspace.dtype == BF16
     for lengths in ([7], [3, 7], [1, 2, 7]):
         kwargs = fia_kwargs(lengths)
@@ -74,7 +75,9 @@ def test_a_max_workspace_serves_every_length_assignment_of_its_shapes():
     [(lambda: torch.zeros(4096, dtype=BF16), "was not made by"),
      (lambda: torch.zeros(2, 8, dtype=BF16), "1-D"),
      (lambda: emu._npu_fused_infer_attention_score_get_max_workspace(
-         **fia_kwargs([5], tokens=5)), "was sized for")],
+         **fia_kwargs([5], tokens=5)), "was sized for"),
+     (lambda: emu._npu_fused_infer_attention_score_get_max_workspace(
+         **fia_kwargs([7])), "sized for 1 sequences, not for this call's 2")],
 )  # fmt: skip
 def test_a_workspace_the_stand_in_did_not_size_for_the_call_is_refused(workspace, match):
     out = [torch.empty(7, 4, 128, dtype=BF16), torch.empty(1, dtype=BF16)]

@@ -5,7 +5,10 @@ A captured FIA keeps the host-side sequence lengths of its capture: replayed for
 it attends across that batch's boundaries (the wrong answer). The pattern vllm-ascend uses for
 its full graphs (an ExternalEvent wait, a task group, FIA `.out` with a max workspace; after
 each replay a task update with the new lengths and a record of the event) gives the right one;
-a replay whose event is never recorded blocks the stream.
+a replay whose event is never recorded blocks the stream. Streams keep the device's order
+(emulator/device/stream_order.py): an update must be ordered after the graph's previous
+replay, and recording the event on a stream ordered after the replay that waits for it is a
+deadlock; both are refused.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ def _nothing_left_open():
     while graph_tasks._updates:
         graph_tasks._updates.pop().__exit__(None, None, None)
     for graph in list(graphs._waiting):
-        graph.waiting_on.record()
+        graph.waiting_on.record(torch.npu.Stream())  # a stream ordered after nothing
 
 
 def fia_kwargs(lengths):
@@ -51,9 +54,10 @@ def reference(qkv, lengths):
 
 
 class CapturedFia:
-    """One FIA captured as vllm-ascend captures it for full graphs (attention_v1.py:806-982)."""
+    """One FIA captured as vllm-ascend captures it for full graphs (attention_v1.py:806-982),
+    its workspace sized for the lengths `sized_for` (default: the capture's)."""
 
-    def __init__(self, lengths, with_event=True):
+    def __init__(self, lengths, with_event=True, sized_for=None):
         self.q, self.k, self.v = (t.to("npu") for t in inputs(0))
         self.out = torch.empty(TOKENS, HEADS, DIM, dtype=BF16, device="npu")
         self.lse = torch.empty(1, dtype=BF16, device="npu")
@@ -62,7 +66,7 @@ class CapturedFia:
         with torch.npu.graph(self.graph):
             stream = torch.npu.current_stream()
             self.workspace = torch_npu._npu_fused_infer_attention_score_get_max_workspace(
-                self.q, self.k, self.v, **fia_kwargs(lengths))
+                self.q, self.k, self.v, **fia_kwargs(sized_for or lengths))
             if self.event is not None:
                 self.event.wait(stream)
                 self.event.reset(stream)
@@ -70,6 +74,12 @@ class CapturedFia:
             self.issue(lengths)
             self.handle = torch.npu.graph_task_group_end(stream)
         self.update_stream = torch.npu.Stream()
+        self.barrier = torch.npu.Event()  # recorded before each replay (begin)
+
+    def begin(self):
+        """Before a step's replay: mark the stream, so the step's update waits for the work
+        queued before the replay (the previous replay)."""
+        self.barrier.record(torch.npu.current_stream())
 
     def issue(self, lengths):
         torch_npu.npu_fused_infer_attention_score.out(
@@ -82,6 +92,7 @@ class CapturedFia:
 
     def update(self, lengths):
         with torch.npu.stream(self.update_stream):
+            self.update_stream.wait_event(self.barrier)
             torch.npu.graph_task_update_begin(self.update_stream, self.handle)
             self.issue(lengths)
             torch.npu.graph_task_update_end(self.update_stream)
@@ -103,12 +114,13 @@ def test_each_replay_updated_after_launch_attends_with_its_own_boundaries(steps)
     """The update comes after the replay's launch, as vllm-ascend's runner issues it
     (model_runner_v1.py:2864-2869): the replay waits on the event until then. Sequence counts
     differ between steps (a dummy tail sequence pads a batch to the capture size)."""
-    captured = CapturedFia([8])
+    captured = CapturedFia([8], sized_for=[1, 2, 8])
     assert "npu._npu_fused_infer_attention_score_get_max_workspace" not in " ".join(
         captured.graph.operators)  # host-side sizing: no task in the graph
     for seed, lengths in enumerate(steps, start=2):
         batch = inputs(seed)
         captured.load(batch)
+        captured.begin()
         captured.graph.replay()
         assert captured.graph.waiting_on is captured.event
         captured.update(lengths)
@@ -188,3 +200,47 @@ def test_host_code_operators_are_captured_as_the_device_work_they_issue():
     graph.replay()
     torch.testing.assert_close(out.cpu(), torch_npu.npu_swiglu(x).cpu())
     assert graphs.capturing_graph() is None
+
+
+@pytest.mark.parametrize("order", ["event before the replay", "synchronize", "none"])
+def test_an_update_must_be_ordered_after_the_previous_replay(order):
+    """Step 2's update changes the tasks step 1's replay runs; on the device step 1's replay
+    may still be running unless the update stream waits for it. Waiting for an event recorded
+    between the two replays, or synchronising, orders it; nothing (step 1's stale barrier,
+    recorded before step 1's replay) does not."""
+    captured = CapturedFia([8])
+    captured.begin()
+    captured.graph.replay()
+    captured.update([8])
+    if order == "event before the replay":
+        captured.begin()
+    elif order == "synchronize":
+        torch.npu.synchronize()
+    captured.graph.replay()
+    if order == "none":
+        with pytest.raises(RuntimeError, match="previous replay of this graph may still be"):
+            captured.update([8])
+        return
+    captured.update([8])
+    assert torch.equal(captured.out.cpu(), reference(inputs(0), [8]))
+
+
+def test_recording_the_event_after_the_replay_that_waits_for_it_is_a_deadlock():
+    """A barrier recorded after the replay was queued orders the update stream after that
+    replay, which waits for the update's event: neither would run on the device."""
+    captured = CapturedFia([8])
+    captured.graph.replay()
+    captured.begin()
+    with pytest.raises(RuntimeError, match="neither would ever run"):
+        captured.update([8])
+    with pytest.raises(RuntimeError, match="neither would ever run"):
+        captured.event.record(torch.npu.current_stream())  # the replay's own stream
+
+
+def test_a_workspace_serves_at_most_the_sequences_it_was_sized_for():
+    """Sized for two sequences (emulator/operators/attention_workspace.py states why)."""
+    captured = CapturedFia([8], sized_for=[3, 8])
+    captured.begin()
+    captured.graph.replay()
+    with pytest.raises(ValueError, match="sized for 2 sequences, not for this call's 3"):
+        captured.update([1, 2, 8])

@@ -14,9 +14,15 @@ torch_npu-npu-graph_task_{group,update}_{begin,end}.md`, CANN runtime
   tasks, re-issued between `graph_task_update_begin(stream, handle)` and `_end(stream)`, must
   match the group's task count and types; they replace the captured tasks' parameters (the
   host-side sequence lengths of FIA) and are not executed then;
-- `ExternalEvent` may be waited on before it is recorded; waited on inside a capture it is a
-  wait node of the graph (`graphs`: a replay stops there until the event is recorded), reset
-  inside a capture a reset node (each replay clears it again).
+- an update changes the parameters every later execution of the tasks reads, so it must be
+  ordered after every replay of the graph but the latest (the one waiting for it): on the
+  device the next step's update could otherwise land while the previous replay still runs
+  (`stream_order`; vllm-ascend 0.23 synchronises before each full-graph replay,
+  `compilation/acl_graph.py` `ACLGraphWrapper.__call__`, for this reason);
+- `ExternalEvent` may be waited on before it is recorded (a record queued after the replay
+  that waits for it, on its stream or one ordered after it, is a deadlock: refused); waited
+  on inside a capture it is a wait node of the graph (`graphs`: a replay stops there until
+  the event is recorded), reset inside a capture a reset node (each replay clears it again).
 
 In an update the stand-in re-issues only operators that write into given `out` tensors (FIA's
 `.out`, the one vllm-ascend updates); any other raises NotImplementedError.
@@ -30,7 +36,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import graphs
+from . import graphs, stream_order
 
 NAME = "torch.npu"
 # Operators that only describe memory (a view, an alias, an allocation): they run as usual
@@ -133,6 +139,14 @@ def graph_task_update_begin(stream: Any, handle: TaskGroupHandle) -> None:
         )
     if _updates:
         raise RuntimeError(f"{NAME}.graph_task_update_begin: an update is open already")
+    previous = handle.graph.previous_replay
+    if previous is not None and not stream_order.ordered_before(previous, stream):
+        raise RuntimeError(
+            f"{NAME}.graph_task_update_begin: the previous replay of this graph may still be "
+            f"running on {previous.stream!r} and would read the updated parameters; make the "
+            "update stream wait for an event recorded after it (Stream.wait_event) or "
+            "synchronise first (stream_order)"
+        )
     update = _Update(handle, stream)
     update.__enter__()
     _updates.append(update)
@@ -161,7 +175,14 @@ class ExternalEvent:
         if graphs.capturing_graph() is not None:
             raise NotImplementedError(f"{NAME}.ExternalEvent.record inside a capture is not "
                                       "emulated")  # fmt: skip
-        _stream(stream)
+        stream = _stream(stream)
+        for graph in self.waiters:
+            if stream_order.ordered_before(graph.latest_replay, stream):
+                raise RuntimeError(
+                    f"{NAME}.ExternalEvent.record on {stream!r}, which is ordered after the "
+                    "replay waiting for this event: on the device neither would ever run "
+                    "(record it on a stream that does not wait for that replay)"
+                )
         self.recorded = True
         waiters, self.waiters = self.waiters, []
         for graph in waiters:

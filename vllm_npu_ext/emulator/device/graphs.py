@@ -52,7 +52,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from torch.utils._pytree import tree_flatten
 
 from ..runtime import registry
-from . import host_npu
+from . import host_npu, stream_order
 
 _pool_ids = itertools.count(1)
 # Process-wide figures: graphs captured and replays; the operators captures recorded, by name.
@@ -186,6 +186,9 @@ class NPUGraph:
         self.capture_stream: Any = None
         self.group_start: int | None = None  # an open task group (graph_tasks)
         self._stopped_at: int | None = None  # the wait node a replay stopped at
+        # The two latest replays as queued on their streams (stream_order; graph_tasks).
+        self.previous_replay: stream_order.Ticket | None = None
+        self.latest_replay: stream_order.Ticket | None = None
 
     def capture_begin(self, pool: Any = None, capture_error_mode: str = "global") -> None:
         if capture_error_mode not in ("global", "thread_local", "relaxed"):
@@ -223,6 +226,8 @@ class NPUGraph:
         if not self._captured:
             raise RuntimeError("replay() of an NPUGraph that holds no capture")
         require_stream_free("replay() of an NPU graph")
+        ticket = stream_order.queue(torch.npu.current_stream())
+        self.previous_replay, self.latest_replay = self.latest_replay, ticket
         self.replays += 1
         stats["replays"] += 1
         self._run_from(0)
@@ -272,8 +277,10 @@ class NPUGraph:
         return [str(entry.func) for entry in self._entries if isinstance(entry, _Entry)]
 
     def record_node(self, node: WaitNode | ResetNode) -> None:
-        """A wait or reset node, captured where the capture stands (`graph_tasks`)."""
+        """A wait or reset node, captured where the capture stands (`graph_tasks`); a task of
+        the graph that `operators` leaves out, counted in `stats["event_nodes"]`."""
         self._entries.append(node)
+        stats["event_nodes"] += 1
 
     def tasks(self, start: int, end: int) -> list[_Entry]:
         """The kernel launches recorded between two positions (a task group)."""

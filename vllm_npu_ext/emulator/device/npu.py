@@ -1,13 +1,16 @@
 """The `torch.npu` device module of the stand-in (also `torch_npu.npu`).
 
 The device is the host: `npu` tensors are host memory (`host_npu`, which also holds the
-current device index and count), and host kernels run synchronously, so streams and events
-keep their ordering semantics trivially (work submitted to any stream has completed when the
-call returns; `query()` is True). What is here is what vllm-ascend 0.23's code reads on the
-paths the tests run; everything else raises AttributeError naming it (`runtime.strict`). Graph
-capture and replay (`NPUGraph`, `graph`, `graph_pool_handle`) are `graphs`'s; task groups,
-task updates and `ExternalEvent` are `graph_tasks`'s. Synchronising while a graph replay waits
-on an unrecorded event raises (the device would never return).
+current device index and count), and host kernels run synchronously: work submitted to any
+stream has completed when the call returns (`query()` is True). What the host may *assume*
+has completed is kept as on the device (`stream_order`: positions per stream, event waits,
+synchronisation), so that code updating a graph whose previous replay is not ordered before
+the update is refused as it would race on the device. What is here is what vllm-ascend
+0.23's code reads on the paths the tests run; everything else raises AttributeError naming
+it (`runtime.strict`). Graph capture and replay (`NPUGraph`, `graph`, `graph_pool_handle`)
+are `graphs`'s; task groups, task updates and `ExternalEvent` are `graph_tasks`'s.
+Synchronising while a graph replay waits on an unrecorded event raises (the device would
+never return).
 
 Memory figures are the device allocator's (`host_npu`'s ledger of live npu allocations and their
 peak); the device's total is the host's MemTotal, so `mem_get_info()` is (MemTotal - npu bytes in
@@ -27,7 +30,7 @@ from typing import Any
 import torch
 
 from ..runtime.strict import not_emulated, strict_module
-from . import graph_tasks, graphs, host_npu
+from . import graph_tasks, graphs, host_npu, stream_order
 
 NAME = "torch.npu"
 
@@ -132,6 +135,7 @@ def synchronize(device: Any = None) -> None:
     waits on an event (`graphs.require_stream_free`)."""
     _index(device)
     graphs.require_stream_free(f"{NAME}.synchronize()")
+    stream_order.synchronized()
 
 
 def empty_cache() -> None:
@@ -187,23 +191,25 @@ def memory_stats(device: Any = None) -> dict[str, int]:
 
 
 class Stream:
-    """A stream of the host device: work is done when submitted, so every wait is satisfied."""
+    """A stream of the host device: work is done when submitted; its order (what the host
+    may assume is done: `stream_order`) is kept as the device keeps it."""
 
     def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
         if kwargs:
             raise TypeError(f"{NAME}.Stream: unexpected arguments {sorted(kwargs)}")
         self.device_index = _index(device)
         self.priority = priority
+        self.order = stream_order.track(self)
 
     @property
     def device(self) -> torch.device:
         return torch.device("npu", self.device_index)
 
     def wait_stream(self, stream: Stream) -> None:
-        _require(stream, Stream, "wait_stream")
+        stream_order.wait(self, stream_order.mark(_require(stream, Stream, "wait_stream")))
 
     def wait_event(self, event: Event) -> None:
-        _require(event, Event, "wait_event")
+        stream_order.wait(self, _require(event, Event, "wait_event").ticket)
 
     def record_event(self, event: Event | None = None) -> Event:
         event = Event() if event is None else _require(event, Event, "record_event")
@@ -215,6 +221,7 @@ class Stream:
 
     def synchronize(self) -> None:
         graphs.require_stream_free(f"{NAME}.Stream.synchronize()")
+        stream_order.synchronized(self)
 
     def __repr__(self) -> str:
         return f"<{NAME}.Stream {id(self):#x} device=npu:{self.device_index} (host)>"
@@ -225,21 +232,23 @@ class Event:
                  interprocess: bool = False) -> None:  # fmt: skip
         self.enable_timing = enable_timing
         self.recorded_at: float | None = None
+        self.ticket: stream_order.Ticket | None = None  # its stream's position when recorded
 
     def record(self, stream: Stream | None = None) -> None:
-        if stream is not None:
-            _require(stream, Stream, "Event.record")
+        stream = current_stream() if stream is None else _require(stream, Stream, "Event.record")
+        self.ticket = stream_order.mark(stream)
         self.recorded_at = time.perf_counter()
 
     def wait(self, stream: Stream | None = None) -> None:
-        if stream is not None:
-            _require(stream, Stream, "Event.wait")
+        stream = current_stream() if stream is None else _require(stream, Stream, "Event.wait")
+        stream_order.wait(stream, self.ticket)
 
     def query(self) -> bool:
         return True
 
     def synchronize(self) -> None:
         graphs.require_stream_free(f"{NAME}.Event.synchronize()")
+        stream_order.finished(self.ticket)
 
     def elapsed_time(self, end_event: Event) -> float:
         """Milliseconds between this event's record and end_event's."""
