@@ -3,7 +3,7 @@ the torch_npu stand-in (host-backed `npu` device); writes what the tests check a
 
     VLLM_NPU_EXT_EMULATE=1 PYTHONPATH=<vllm-ascend site>:tests \\
         python benchmarks/_vllm_ascend_engine.py --model DIR --out FILE --texts JSON [--stock] \\
-        [--engine-args JSON] [--rerank QUERY] [--token-batches JSON]
+        [--engine-args JSON] [--rerank QUERY] [--token-batches JSON] [--stale-update]
 
 `--stock` is stock vllm-ascend: our general plugin (the model) left out of VLLM_PLUGINS, our
 platform plugin kept (it only installs the stand-in here). Results: the worker's, runner's and
@@ -14,12 +14,16 @@ torch_npu stand-in's operator calls of that forward; the texts embedded again on
 (other sequence boundaries and padded sizes); and, in graph mode (`--engine-args
 '{"enforce_eager": false}'`), the NPU graphs vllm-ascend's ACLGraphWrapper captured and replayed
 on the stand-in's `NPUGraph`, the operators they recorded, and the operators the host ran
-between replays.
+between replays. In one graph per forward: the model's update figures (`full_graph`), and with
+`--stale-update` the texts embedded again by an update that gives each captured attention the
+boundaries of its capture instead of the step's (a broken update: what the tests' batched
+parity check must catch).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -88,9 +92,38 @@ def _forward_counts(run) -> dict:
     from vllm_npu_ext.emulator.device import graphs
 
     replays = graphs.stats["replays"]
-    with OpCounter() as counter:
+    with OpCounter() as counter, _attributed(counter, RUNNER_MODULE, "update_cos_sin"):
         run()
-    return {**_counts(counter), "graph_replays": graphs.stats["replays"] - replays}
+    return {**_counts(counter), "graph_replays": graphs.stats["replays"] - replays,
+            "runner_update_cos_sin": dict(sorted(counter.by_piece.get("update_cos_sin", {})
+                                                 .items()))}  # fmt: skip
+
+
+RUNNER_MODULE = "vllm_ascend.worker.model_runner_v1"
+
+
+@contextlib.contextmanager
+def _attributed(counter, module_name: str, function: str):
+    """Launches of `module_name.function` (a runner helper called by name) counted under
+    `function` in `counter.by_piece`, while the block runs."""
+    module = sys.modules.get(module_name)
+    original = getattr(module, function, None)
+    if original is None:
+        yield
+        return
+
+    def counted(*args, **kwargs):
+        counter.piece = function
+        try:
+            return original(*args, **kwargs)
+        finally:
+            counter.piece = None
+
+    setattr(module, function, counted)
+    try:
+        yield
+    finally:
+        setattr(module, function, original)
 
 
 def _counts(counter) -> dict:
@@ -184,6 +217,9 @@ def main() -> None:
     parser.add_argument("--token-batches", default="[]", help="JSON list of batches, each a "
                         "list of prompt lengths: the first decoder layer's launches and bytes "
                         "for each batch of random token ids (eager runs)")  # fmt: skip
+    parser.add_argument("--stale-update", action="store_true", help="in one graph per forward, "
+                        "embed the texts again with the update keeping the captured "
+                        "boundaries (a broken update)")  # fmt: skip
     parser.add_argument("--rerank", metavar="QUERY", help="serve MODEL as Qwen3-Reranker (our "
                         "overrides and template) and score QUERY against the texts")  # fmt: skip
     args = parser.parse_args()
@@ -227,6 +263,8 @@ def main() -> None:
     embeddings = outputs(texts)
     # The same texts one request per step: other sequence boundaries, other padded sizes.
     one_by_one = [outputs([text])[0] for text in texts]
+    full_graph = _full_graph_figures(model)
+    stale = _with_stale_update(lambda: outputs(texts)) if args.stale_update else None
 
     layers = llm.llm_engine.vllm_config.model_config.hf_config.num_hidden_layers
     _runtime.reset_counts()
@@ -254,6 +292,7 @@ def main() -> None:
         "kv_cache_groups": len(runner.kv_cache_config.kv_cache_groups),
         "device_allocated_bytes": host_npu.memory_figures().allocated_bytes,
         "embeddings": embeddings, "embeddings_one_by_one": one_by_one,  # scores: --rerank
+        "embeddings_stale_update": stale, "full_graph": full_graph,
         "layer": layer, "forward": forward, "token_batches": token_batches,
         "graphs": dict(graphs.stats),
         "graph_mode": _graph_mode(model, config), "startup_seconds": round(startup_seconds, 1),
@@ -268,6 +307,30 @@ def main() -> None:
     }  # fmt: skip
     with open(args.out, "w", encoding="utf-8") as file:
         json.dump(results, file)
+
+
+def _full_graph_figures(model) -> dict | None:
+    """One graph per forward's update figures after the batched and one-by-one runs
+    (`layers/full_graph.py`), or None in other modes."""
+    state = getattr(getattr(model, "model", None), "full_graph", None)
+    if state is None:
+        return None
+    return {"updates": state.updates, "update_calls": state.update_calls,
+            "widest_update": list(state.widest_update), "max_num_seqs": state.max_num_seqs,
+            "captured_sizes": sorted(state.captured),
+            "layers_per_capture": sorted({len(t) for t in state.captured.values()})}  # fmt: skip
+
+
+def _with_stale_update(run):
+    """`run()` while each update gives the captured attention its capture's boundaries."""
+    from vllm_npu_ext.model_executor.layers.full_graph import FullGraphAttention
+
+    step_seqs = FullGraphAttention.step_seqs
+    FullGraphAttention.step_seqs = lambda self, layer_name, num_tokens, task: task.captured_seqs
+    try:
+        return run()
+    finally:
+        FullGraphAttention.step_seqs = step_seqs
 
 
 def _graph_mode(model, config) -> str:

@@ -94,14 +94,31 @@ def npu_path_expected() -> bool:
 
 
 def packed_seqs_for_layer(layer_name: str, num_tokens: int) -> PackedSeqs:
-    """Sequence boundaries of the running batch, from the metadata built for `layer_name`.
+    """Sequence boundaries of the running batch, from the metadata built for `layer_name`,
+    padded to `num_tokens` rows (`PackedSeqs.padded_to`).
 
-    Profiling and dummy runs carry no metadata: the batch then counts as one sequence.
+    A forward with no attention metadata at all is one vLLM runs on a dummy batch (profiling,
+    compile and capture warm-ups, graph capture: vLLM 0.23/0.32 and vllm-ascend 0.23's
+    `_dummy_run` pass `attn_metadata=None` unless they force attention): that batch counts as
+    one sequence. Any other forward must carry this layer's boundaries; a forward context
+    missing, metadata of other layers only, or metadata our builder did not fill is an error,
+    since one sequence there would attend across requests.
     """
-    metadata = _layer_metadata(layer_name)
-    seqs = getattr(metadata, PACKED_SEQS_ATTR, None)
-    if seqs is None:
+    if not is_forward_context_available():
+        raise RuntimeError(
+            f"attention of {layer_name} ran outside a vLLM forward context: no sequence "
+            "boundaries to read (forward_packed takes them explicitly)"
+        )
+    attn_metadata = _forward_metadata()
+    if not attn_metadata:  # a dummy batch (docstring)
         return PackedSeqs((0, num_tokens))
+    seqs = getattr(attn_metadata.get(layer_name), PACKED_SEQS_ATTR, None)
+    if seqs is None:
+        raise RuntimeError(
+            f"the forward carries attention metadata but none with sequence boundaries for "
+            f"{layer_name} (built by {type(attn_metadata.get(layer_name)).__name__}); the "
+            "cache-free builder must run for every cache-free layer"
+        )
     return seqs.padded_to(num_tokens)
 
 
@@ -113,16 +130,14 @@ def layer_module(layer_name: str) -> Any:
     return get_forward_context().no_compile_layers.get(layer_name)
 
 
-def _layer_metadata(layer_name: str) -> Any:
-    if not is_forward_context_available():
-        return None
+def _forward_metadata() -> Any:
     attn_metadata = get_forward_context().attn_metadata
     if isinstance(attn_metadata, list):
         raise NotImplementedError(
             "micro-batched forward passes (dual-batch overlap) are not supported by the "
             "vllm-npu-ext NPU path; disable DBO"
         )
-    return attn_metadata.get(layer_name) if attn_metadata else None
+    return attn_metadata
 
 
 def set_causal(common_attn_metadata: Any) -> Any:

@@ -104,6 +104,11 @@ VARIABLES: dict[str, tuple[str, str]] = {
         "torch_npu.npu_attention_update (the list kernel); 0: pass the views, as vllm-ascend does",
     ),
     "VLLM_NPU_EXT_CP_PATCH": ("1", "0: leave vllm-ascend's context-parallel decode merge as is"),
+    "VLLM_NPU_EXT_COS_SIN_PATCH": (
+        "1",
+        "0: leave vllm-ascend's per-step cos/sin table update on for our pooling model (it "
+        "does not read them)",
+    ),
     "VLLM_NPU_EXT_BOOTSTRAP": ("1", "0: do not reorder ASCEND_CUSTOM_OPP_PATH/LD_LIBRARY_PATH"),
     "VLLM_NPU_EXT_OPP_PATH": (
         "",

@@ -4,7 +4,11 @@
 The model's forward does what this test does around a replay: `begin_forward`, the replay,
 `after_forward` with the step's token count. Skipping the update leaves the replay blocked at
 the first attention (the device would hang; the stand-in refuses the next device work), so a
-broken update cannot pass silently as stale sequence boundaries.
+broken update cannot pass silently as stale sequence boundaries. The steps here never
+synchronise, so the second step's update is ordered after the first replay only by the
+barrier `begin_forward` records (the stand-in refuses it otherwise: stream_order.py).
+The real lookup of each step's boundaries, after the compiled model returns, runs in the
+engines of tests/with_vllm_ascend/test_serving_under_vllm_ascend.py.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from vllm_npu_ext.ops.packed import PackedSeqs
 BF16 = torch.bfloat16
 TOKENS, HEADS, KV_HEADS, DIM = 16, 4, 2, 128
 LAYERS = ("layers.0.attn", "layers.1.attn")
+MAX_NUM_SEQS = 4  # [1, 1, 1, 2] and its padding sequence: the widest batch of 16 tokens
 
 
 class Layer:
@@ -33,8 +38,12 @@ class Layer:
 
 @pytest.fixture
 def step(monkeypatch):
+    return make_step(monkeypatch, MAX_NUM_SEQS)
+
+
+def make_step(monkeypatch, max_num_seqs):
     """The running batch's sequence lengths, as the op and the update read them."""
-    state = FullGraphAttention()
+    state = FullGraphAttention(max_num_seqs)
     current = {"seqs": PackedSeqs.from_seq_lens([TOKENS])}
     monkeypatch.setattr(compat, "layer_module", lambda name: Layer(state))
     monkeypatch.setattr(compat, "packed_seqs_for_layer",
@@ -85,18 +94,73 @@ def test_each_replay_attends_with_its_own_sequence_boundaries(step, lengths):
         for buffer, value in zip(buffers, values, strict=True):
             buffer.copy_(value)
         current["seqs"] = PackedSeqs.from_seq_lens(lengths)
-        state.begin_forward()
+        state.begin_forward(torch_npu)
         graph.replay()
         state.after_forward(torch_npu, TOKENS)
         assert torch.equal(out.cpu(), expected(values, lengths))
-    assert state.updates == 2
+    assert state.updates == 2 and state.update_calls == 2 * len(LAYERS)
+    padded = PackedSeqs.from_seq_lens(lengths).padded_to(TOKENS)
+    assert state.widest_update == tuple(padded.seq_lens)
+
+
+def run_steps(state, current, steps):
+    """Replays of one captured graph, one per batch of `steps`, each updated as the model does."""
+    graph, buffers, out = capture(state)
+    for lengths in steps:
+        current["seqs"] = PackedSeqs.from_seq_lens(lengths)
+        state.begin_forward(torch_npu)
+        graph.replay()
+        state.after_forward(torch_npu, TOKENS)
+    return out
+
+
+def test_the_next_update_is_refused_without_the_barrier_before_the_replay(step, monkeypatch):
+    """begin_forward's event orders the update after the previous replay; without it the
+    second step's update could change tasks the first replay still runs."""
+    state, current = step
+    monkeypatch.setattr(state, "begin_forward", lambda npu: setattr(state, "ran_on_host", False))
+    with pytest.raises(RuntimeError, match="previous replay of this graph may still be running"):
+        run_steps(state, current, [[3, 5], [16]])
+
+
+def test_an_update_that_raises_still_lets_every_replayed_attention_run(step, monkeypatch):
+    state, current = step
+    graph, _, out = capture(state)
+
+    def fail_second(layer_name, num_tokens, task):
+        if layer_name == LAYERS[1]:
+            raise RuntimeError("no boundaries for " + layer_name)
+        return current["seqs"].padded_to(num_tokens)
+
+    monkeypatch.setattr(state, "step_seqs", fail_second)
+    state.begin_forward(torch_npu)
+    graph.replay()
+    with pytest.raises(RuntimeError, match="no boundaries for"):
+        state.after_forward(torch_npu, TOKENS)
+    assert torch.isfinite(out.cpu().float()).all()  # no replay left waiting: the stream is free
+
+
+def test_a_second_capture_of_one_size_is_refused(step):
+    state, _ = step
+    capture(state)
+    with pytest.raises(RuntimeError, match="holds the attention tasks of layers.0.attn already"):
+        capture(state)
+
+
+def test_the_workspace_serves_the_widest_batch_a_replay_may_carry(monkeypatch):
+    """Sized at capture for max_num_seqs + 1 sequences, not for the capture's one: five
+    sequences replay above (max_num_seqs 4); with a limit of two requests the workspace serves
+    three, and five are refused (emulator/operators/attention_workspace.py)."""
+    state, current = make_step(monkeypatch, max_num_seqs=2)
+    with pytest.raises(ValueError, match="sized for 3 sequences, not for this call's 5"):
+        run_steps(state, current, [[1, 1, 1, 2]])
 
 
 def test_a_replay_without_the_update_blocks_instead_of_attending_stale_boundaries(step):
     state, current = step
     graph, _, out = capture(state)
     current["seqs"] = PackedSeqs.from_seq_lens([3, 5])
-    state.begin_forward()
+    state.begin_forward(torch_npu)
     graph.replay()  # the model's forward returned without after_forward
     with pytest.raises(RuntimeError, match="wait forever"):
         out.cpu()
@@ -109,7 +173,7 @@ def test_an_eager_step_of_the_same_size_is_not_updated(step):
     needs no update: after_forward leaves the captured tasks alone."""
     state, _ = step
     capture(state)
-    state.begin_forward()
+    state.begin_forward(torch_npu)
     two_layers(*(t.to("npu") for t in qkv(3)))
     state.after_forward(torch_npu, TOKENS)
     assert state.updates == 0 and state.ran_on_host
@@ -119,6 +183,8 @@ def test_capturing_attention_that_is_not_updated_per_replay_is_refused(monkeypat
     """In piecewise mode the op is a splitting op and never captured; captured without the
     full-graph state it would replay its capture's boundaries: refused."""
     monkeypatch.setattr(compat, "layer_module", lambda name: None)
+    monkeypatch.setattr(compat, "packed_seqs_for_layer",
+                        lambda name, tokens: PackedSeqs((0, tokens)))  # a capture's dummy batch
     graph = torch.npu.NPUGraph()
     buffers = [t.to("npu") for t in qkv(0)]
     with pytest.raises(RuntimeError, match="must be a splitting op"), torch.npu.graph(graph):

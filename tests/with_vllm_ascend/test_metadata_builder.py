@@ -326,3 +326,22 @@ def test_the_choice_follows_the_models_npu_path_test(vllm_ascend_started):
     assert dispatch.cpu_takes_npu_path()  # the stand-in is installed
     assert npu_path_reads_metadata(CPU)
     assert not npu_path_reads_metadata(torch.device("meta"))
+
+
+def test_boundaries_are_read_only_from_metadata_our_builder_filled(vllm_config):
+    """One sequence only for vLLM's dummy batches (no attention metadata at all); a forward
+    whose metadata lacks this layer's boundaries, or no forward context, is an error: one
+    sequence there would attend across requests (compat.packed_seqs_for_layer)."""
+    from vllm.forward_context import set_forward_context
+
+    from vllm_npu_ext import compat
+
+    with set_forward_context(None, vllm_config, num_tokens=8):
+        assert compat.packed_seqs_for_layer(LAYER, 8).cu_seqlens == (0, 8)
+    other_only = {"model.layers.1.self_attn.attn": SimpleNamespace()}
+    with set_forward_context(other_only, vllm_config, num_tokens=8), pytest.raises(
+        RuntimeError, match="none with sequence boundaries for " + LAYER
+    ):
+        compat.packed_seqs_for_layer(LAYER, 8)
+    with pytest.raises(RuntimeError, match="outside a vLLM forward context"):
+        compat.packed_seqs_for_layer(LAYER, 8)

@@ -78,7 +78,7 @@ class Started:
                     ("reranker_full_bf16", self.reranker_bf16_dir, rerank, {}),
                     ("stock", self.stock_dir, ("--stock", *bf16), {}),
                     ("plugin_bf16", self.stock_dir, bf16, {}),
-                    ("full_bf16", self.stock_dir, bf16_graphs, {}),
+                    ("full_bf16", self.stock_dir, (*bf16_graphs, "--stale-update"), {}),
                     ("piecewise_bf16", self.stock_dir, bf16_graphs, split),
                     ("stock_graph", self.stock_dir, ("--stock", *bf16_graphs), {}),
                     ("graph", tiny_model_dir,
@@ -505,3 +505,74 @@ def test_the_bf16_reranker_replays_one_graph_per_forward_at_parity(started):
         worst = max(abs(a - b) for a, b in zip(r[key], want, strict=True))
         print(f"bf16 reranker, one graph per forward, {key}: max |score - model card| {worst:.2e}")
         assert worst <= BF16_RERANK_MAX_DIFF, (key, worst)
+
+
+def bf16_max_abs_bound(layers: int, roundings_per_layer: int) -> float:
+    """The largest per-component error a bf16 embedding may have against the float32 oracle,
+    to first order.
+
+    Each bf16 rounding of a hidden state moves it by at most u = 2**-9 relative (bf16 keeps 8
+    significant bits); the path from the embedding lookup (exact: bf16 weights) to the pooled
+    vector rounds once per launch of each decoder layer (`roundings_per_layer`: each launch
+    writes a bf16 result) and once in the final norm. Assuming the layers pass a relative
+    error on with gain at most 1 (first order; float32 accumulation inside each operator adds
+    terms of order 2**-24), the pooled state h is off by at most n * u relative in L2 norm, and
+    its L2-normalised embedding e = h / |h| by |de| <= 2 |dh| / |h| <= 2 n u, which bounds
+    every component.
+    """
+    roundings = roundings_per_layer * layers + 1
+    return 2 * roundings * 2.0**-9
+
+
+def per_text_max_abs(got, want) -> list[float]:
+    return (torch.tensor(got).float() - want.float()).abs().amax(dim=-1).tolist()
+
+
+def test_one_graph_per_forward_batches_of_unequal_texts_match_hugging_face_per_text(
+    full_bf16_engine, started
+):
+    """The real path: vllm-ascend's runner in default graph mode, our model's forward looking
+    up each step's boundaries in the forward context after the compiled model returns
+    (compat.packed_seqs_for_layer) and updating every layer's captured FIA. A batch of five
+    texts of unequal lengths in one replay, each within the derived bound of Hugging Face;
+    the same engine with the update giving each FIA the boundaries of its capture (one
+    sequence: `--stale-update`) fails that bound for every text but the first, whose
+    boundaries a stale update keeps."""
+    r = full_bf16_engine
+    figures = r["full_graph"]
+    widest = figures["widest_update"]  # padded: the last sequence may be the padding
+    assert len(widest) >= len(PARITY_TEXTS) and len(set(widest[: len(PARITY_TEXTS)])) >= 3, widest
+    assert figures["updates"] >= 1 + len(PARITY_TEXTS)  # the batch, then one text per step
+    entry = engine_module().graph_entry(r)
+    bound = bf16_max_abs_bound(r["layers"], entry["launches_per_layer"])
+    want = hf_embeddings(started.stock_dir, PARITY_TEXTS)
+    errors = {key: per_text_max_abs(r[key], want)
+              for key in ("embeddings", "embeddings_one_by_one", "embeddings_stale_update")}
+    print(f"one graph per forward, per-text max |e - HF| (bound {bound:.4f}): {errors}")
+    assert max(errors["embeddings"]) <= bound and max(errors["embeddings_one_by_one"]) <= bound
+    stale = errors["embeddings_stale_update"]
+    assert stale[0] <= bound and min(stale[1:]) > bound, stale
+
+
+def test_launches_outside_the_replay_per_forward_are_fewer_than_stocks(
+    full_bf16_engine, stock_graph_engine
+):
+    """Every launch the host issues during one embed call besides the graph replays: the
+    runner's input preparation and pooling included. vllm-ascend's runner refreshes its
+    cos/sin tables every step (`update_cos_sin`); our pooling model does not read them, and
+    stops it (patches/vllm_ascend_cos_sin.py), where stock spends six launches on it. In
+    one graph per forward the update re-issues each layer's FIA as a task update, not a
+    launch: one task update per layer and replay, and two event tasks per layer in each
+    graph (the ExternalEvent wait and reset), which NPUGraph.operators leaves out."""
+    ours, stock = full_bf16_engine, stock_graph_engine
+    assert "per-step cos/sin update stopped" in ours["log"]
+    assert ours["forward"]["runner_update_cos_sin"] == {}, ours["forward"]
+    assert sum(stock["forward"]["runner_update_cos_sin"].values()) == 6, stock["forward"]
+    totals = {name: sum(r["forward"]["launches"].values())
+              for name, r in (("ours", ours), ("stock", stock))}  # fmt: skip
+    print(f"launches per forward outside the replays: {totals}; ours "
+          f"{ours['forward']['launches']}; stock {stock['forward']['launches']}")
+    assert totals["ours"] < totals["stock"]
+    figures, layers = ours["full_graph"], ours["layers"]
+    assert figures["update_calls"] == figures["updates"] * layers
+    assert ours["graphs"]["event_nodes"] == 2 * layers * ours["graphs"]["captures"]

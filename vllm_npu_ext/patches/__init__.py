@@ -6,6 +6,9 @@ installed before importing anything of it, and each one has its own off switch.
 
 - `vllm_ascend_cp`: vllm-ascend's context-parallel decode merge -> our tensor-input
   AttentionUpdate (VLLM_NPU_EXT_CP_PATCH).
+- `vllm_ascend_cos_sin`: vllm-ascend's per-step cos/sin tables, stopped for our pooling model,
+  which does not read them (VLLM_NPU_EXT_COS_SIN_PATCH); applied by the model when it is built,
+  not here.
 """
 
 from __future__ import annotations

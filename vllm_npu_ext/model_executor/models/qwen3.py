@@ -63,6 +63,7 @@ from vllm_npu_ext.model_executor.layers.npu_step import (
 from vllm_npu_ext.model_executor.models import qwen3_config
 from vllm_npu_ext.ops import attention, dispatch, linear, qk_norm_rope, rotary
 from vllm_npu_ext.ops.packed import PackedSeqs
+from vllm_npu_ext.patches import vllm_ascend_cos_sin
 
 logger = get_logger(__name__)
 
@@ -224,10 +225,11 @@ class Qwen3Model(nn.Module):
         )
         self.full_graph: FullGraphAttention | None = None
 
-    def capture_attention_in_graphs(self) -> None:
+    def capture_attention_in_graphs(self, max_num_seqs: int) -> None:
         """Graphs of this model's forward capture attention too, updated per replay
-        (`layers/full_graph.py`): one state shared by every layer's attention."""
-        self.full_graph = FullGraphAttention()
+        (`layers/full_graph.py`): one state shared by every layer's attention; a replay carries
+        at most `max_num_seqs` requests."""
+        self.full_graph = FullGraphAttention(max_num_seqs)
         for layer in islice(self.layers, self.start_layer, self.end_layer):
             layer.self_attn.attn.full_graph = self.full_graph
 
@@ -373,7 +375,9 @@ class Qwen3ForCausalLM(nn.Module, SupportsPP):
         if cache_free and self.model.npu_possible:
             self.graph_mode = qwen3_config.check_graph_mode(vllm_config, _compiled(self.model))
         if self.graph_mode == "full":
-            self.model.capture_attention_in_graphs()
+            self.model.capture_attention_in_graphs(vllm_config.scheduler_config.max_num_seqs)
+        if pooling and self.model.npu_possible:  # our q/k path reads its own rotary tables
+            logger.info("vllm-npu-ext: %s", vllm_ascend_cos_sin.stop_cos_sin_updates())
         _log_built(self, cache_free, pooling)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -383,10 +387,11 @@ class Qwen3ForCausalLM(nn.Module, SupportsPP):
         full_graph = self.model.full_graph
         if full_graph is None:
             return self.model(input_ids, positions, intermediate_tensors, inputs_embeds)
-        full_graph.begin_forward()
+        npu = dispatch.npu_ops(positions)
+        full_graph.begin_forward(npu)
         hidden_states = self.model(input_ids, positions, intermediate_tensors, inputs_embeds)
         # A replayed graph's attention waits for this step's sequence lengths (full_graph.py).
-        full_graph.after_forward(dispatch.npu_ops(positions), positions.shape[-1])
+        full_graph.after_forward(npu, positions.shape[-1])
         return hidden_states
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
