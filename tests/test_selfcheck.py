@@ -70,6 +70,8 @@ def test_every_part_passes_under_the_emulator_and_every_line_says_so(tmp_path):
         assert any(f"op={operator} " in line for line in passed), operator
     for check in ("our-model", "fused-ops-ran", "engine-vs-hf", "fused-vs-unfused"):
         assert any(f"check={check} " in line for line in passed), check
+    graph = [line for line in lines if "check=graph-mode " in line]
+    assert graph and all(" mode=" in line and " updates=" in line for line in graph), graph
     bench = [line for line in lines if line.startswith("BENCH")]
     assert bench and all(line.endswith("[emulated: not a measurement]") for line in bench)
     assert any(line.startswith("PASS") and "check=doctor" in line for line in lines)
@@ -184,3 +186,23 @@ def test_compare_uses_isclose_rule():
     outside = compare(torch.tensor([1.21]), torch.tensor([1.0]), tol)
     assert inside.passed and inside.worst == pytest.approx(0.95, rel=1e-5)
     assert not outside.passed and outside.worst == pytest.approx(1.05, rel=1e-5)
+
+
+FULL_GRAPH_RUN = {"mode": "full", "captured_sizes": [8, 16, 128], "batch_updates": 1,
+                  "updates": 7, "widest_update": [2, 9, 31, 5, 20, 17, 4]}  # fmt: skip
+
+
+@pytest.mark.parametrize(("graph", "status"), [
+    (FULL_GRAPH_RUN, "PASS"),
+    ({**FULL_GRAPH_RUN, "batch_updates": 0}, "FAIL"),  # a replay not updated
+    ({**FULL_GRAPH_RUN, "batch_updates": 2}, "FAIL"),  # the batch split over steps
+    ({**FULL_GRAPH_RUN, "widest_update": [80]}, "FAIL"),  # the texts' boundaries lost
+    ({**FULL_GRAPH_RUN, "captured_sizes": []}, "INFO"),  # nothing captured (the CPU platform)
+    ({**FULL_GRAPH_RUN, "mode": "piecewise"}, "INFO"),
+])  # fmt: skip
+def test_the_graph_mode_check_passes_only_a_batch_replayed_and_updated_once(graph, status):
+    from vllm_npu_ext.selfcheck.model_check import graph_mode_result
+
+    result = graph_mode_result({"model": "tiny"}, {"graph": graph}, "compiled")
+    assert result.status == status
+    assert result.fields["mode"] == graph["mode"] and result.fields["updates"] == graph["updates"]

@@ -13,13 +13,15 @@ path is active, its fusions, device and dtype), `batch` and `single` (embeddings
 in one call and of each text alone, float32 CPU `[B, H]`), `variants` (forward_packed
 last-token embeddings per fusion configuration: all_on, all_off, no_<fusion>; on an
 exception `variants_error` says why),
-`fused_calls` (calls of each fused torch_npu operator during the batch embed) and `kv_cache`
-(`kv_cache_figures` summed over the workers).
+`fused_calls` (calls of each fused torch_npu operator during the batch embed), `kv_cache`
+(`kv_cache_figures` summed over the workers) and `graph` (`graph_figures`: the model's graph
+mode and, in one graph per forward, the replays updated for the batch and in all).
 
 The engine runs eagerly (`--enforce-eager`) so that the fused-call counts see every call a
 Python forward makes. `--compiled` instead runs vLLM's default graph mode (on Ascend:
-piecewise ACL graphs around our attention op) and saves `batch`, `single` and what
-torch.compile did (`compile`: graph breaks and their reasons, graphs compiled).
+piecewise ACL graphs, or one graph per forward with attention inside) and saves `batch`,
+`single`, `graph` and what torch.compile did (`compile`: graph breaks and their reasons,
+graphs compiled).
 """
 
 from __future__ import annotations
@@ -127,6 +129,29 @@ def npu_path_info(model) -> dict:
     }
 
 
+def full_graph_state(model) -> dict:
+    """The model's graph mode (`Qwen3ForCausalLM.graph_mode`: none, piecewise or full) and, in
+    one graph per forward, what `layers/full_graph.py` counted so far."""
+    state = getattr(getattr(model, "model", None), "full_graph", None)
+    figures = {"mode": getattr(model, "graph_mode", "none"), "captured_sizes": [],
+               "updates": 0, "update_calls": 0, "widest_update": []}  # fmt: skip
+    if state is not None:
+        figures.update(captured_sizes=sorted(state.captured), updates=state.updates,
+                       update_calls=state.update_calls, widest_update=list(state.widest_update))
+    return figures
+
+
+def graph_figures(llm, texts: Sequence[str]) -> tuple[torch.Tensor, dict]:
+    """The batch embedding of `texts` (one forward where it fits a capture size) and
+    `full_graph_state` after it, with `batch_updates`: the replays updated for that forward
+    (one per replay in one graph per forward; a replay not updated would never finish on the
+    device)."""
+    before = llm.apply_model(full_graph_state)[0]
+    batch = embed(llm, texts)
+    after = llm.apply_model(full_graph_state)[0]
+    return batch, {**after, "batch_updates": after["updates"] - before["updates"]}
+
+
 def embed(llm, texts: Sequence[str]) -> torch.Tensor:
     outputs = llm.embed(list(texts), use_tqdm=False)
     return torch.tensor([o.outputs.embedding for o in outputs], dtype=torch.float32)
@@ -208,7 +233,7 @@ def probe(llm, texts: Sequence[str], emulate: bool, variants: bool = True) -> di
     (`variants` False: no forward_packed runs)."""
     npu_path = llm.apply_model(npu_path_info)[0]
     counter = _count_fused_calls(emulate)
-    batch = embed(llm, texts)
+    batch, graph = graph_figures(llm, texts)
     results = {
         "model_classes": llm.apply_model(class_names)[0],
         "npu_path": npu_path,
@@ -218,6 +243,7 @@ def probe(llm, texts: Sequence[str], emulate: bool, variants: bool = True) -> di
         "variants": {},
         "variants_error": None,
         "kv_cache": _summed(llm.collective_rpc(kv_cache_figures)),
+        "graph": graph,
     }
     if variants and npu_path["active"] and npu_path["forward_packed"]:
         try:
@@ -242,10 +268,11 @@ def compile_counters() -> dict:
 
 def probe_compiled(llm, texts: Sequence[str]) -> dict:
     """Compiled engine: `batch` and `single` embeddings (one batch shape per text, plus the
-    batch) and `compile_counters()` after all of them."""
-    batch = embed(llm, texts)
+    batch), `graph_figures` and `compile_counters()` after all of them."""
+    batch, graph = graph_figures(llm, texts)
     single = torch.cat([embed(llm, [text]) for text in texts])
-    return {"batch": batch, "single": single, "compile": compile_counters()}
+    graph["updates"] = llm.apply_model(full_graph_state)[0]["updates"]
+    return {"batch": batch, "single": single, "graph": graph, "compile": compile_counters()}
 
 
 def _summed(per_worker: list[dict[str, int]]) -> dict[str, int]:

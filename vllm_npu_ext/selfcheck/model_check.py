@@ -12,9 +12,16 @@ the CPU in float32 (last token, L2-normalised), against `min_embedding_cosine(en
 - forward_packed[<config>]-vs-hf: the loaded model with all fusions, none, and each one off
   (a fusion whose "no_" variant passes while all_on fails is the broken one);
 - fused-vs-unfused: all fusions vs none on the same device;
-- with the full plan, a second engine in vLLM's default graph mode (on Ascend: piecewise ACL
-  graphs around our attention op): compiled-graph (no graph break), compiled-vs-hf,
-  compiled-vs-eager, compiled-batch-vs-single;
+- graph-mode (each engine): the model's graph mode (eager, piecewise, or full: one graph per
+  forward with attention inside), the graph sizes captured, the replays updated for the batch
+  forward and in all, and the most sequences one update carried; in one graph per forward
+  with graphs captured it passes only if the batch of unequal texts was one replay, updated
+  once, with every text its own sequence (else INFO: nothing replayed);
+- with the full plan, a second engine in vLLM's default graph mode (on Ascend: one graph per
+  forward for bf16 head_dim 128/192, piecewise ACL graphs around our attention op otherwise):
+  compiled-graph (no graph break), graph-mode, compiled-vs-hf, compiled-vs-eager,
+  compiled-batch-vs-single (a batch of unequal texts against each text alone: a replay given
+  stale boundaries fails it);
 - INFO hf-<dtype>-vs-hf-fp32: Hugging Face itself in the engine dtype on the CPU, the size of
   the gap that dtype alone opens (no verdict).
 """
@@ -137,6 +144,19 @@ def _fused_calls_result(base: dict, run: dict[str, Any]) -> CheckResult:
     return CheckResult("model", "FAIL" if missing or not path["active"] else "PASS", fields)
 
 
+def graph_mode_result(base: dict, run: dict[str, Any], engine: str) -> CheckResult:
+    """`graph-mode` (module docstring) for one engine's run (`engine`: eager or compiled)."""
+    graph = run["graph"]
+    widest = len(graph["widest_update"])  # sequences, the padding one included
+    fields = {**base, "check": "graph-mode", "engine": engine, "mode": graph["mode"],
+              "graphs": len(graph["captured_sizes"]), "batch_updates": graph["batch_updates"],
+              "updates": graph["updates"], "widest_update_seqs": widest}  # fmt: skip
+    if graph["mode"] != "full" or not graph["captured_sizes"]:
+        return CheckResult("model", "INFO", fields)
+    ok = graph["batch_updates"] == 1 and widest >= len(TEXTS)
+    return CheckResult("model", "PASS" if ok else "FAIL", fields)
+
+
 def compiled_results(
     base: dict, compiled: dict[str, Any], eager: torch.Tensor, hf32: torch.Tensor, min_cos: float
 ) -> list[CheckResult]:
@@ -148,6 +168,7 @@ def compiled_results(
     verdict = "PASS" if counters["graph_breaks"] == 0 else "FAIL"
     return [
         CheckResult("model", verdict, fields, details),
+        graph_mode_result(base, compiled, "compiled"),
         cosine_result(base, "compiled-vs-hf", compiled["batch"], hf32, min_cos),
         cosine_result(base, "compiled-vs-eager", compiled["batch"], eager, min_cos),
         cosine_result(base, "compiled-batch-vs-single", compiled["batch"], compiled["single"],
@@ -174,6 +195,7 @@ def check_model(
     results = [
         _our_model_result(base, run),
         _fused_calls_result(base, run),
+        graph_mode_result(base, run, "eager"),
         cosine_result(base, "engine-vs-hf", run["batch"], hf32, min_cos),
         cosine_result(base, "batch-vs-single", run["batch"], run["single"], min_cos),
     ]
