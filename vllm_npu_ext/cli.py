@@ -16,6 +16,8 @@ MIDDLEWARES = (
     "vllm_npu_ext.entrypoints.middleware.EmbeddingRequestValidator",
     "vllm_npu_ext.entrypoints.middleware.ScoringRequestValidator",
     "vllm_npu_ext.entrypoints.middleware.GenerationRequestValidator",
+    # Outside the validators: the TEI routes call vLLM's handlers through them.
+    "vllm_npu_ext.entrypoints.tei.TeiRoutes",
     "vllm_npu_ext.entrypoints.middleware.ShutdownGuard",
 )
 # Options of ours that `serve` takes out before calling vLLM (name -> takes a value).

@@ -119,6 +119,11 @@ VARIABLES: dict[str, tuple[str, str]] = {
         "directory of the host (g++) builds of our AscendC kernel that the emulator runs "
         "(default: $XDG_CACHE_HOME/vllm_npu_ext/host-kernel, else ~/.cache/...)",
     ),
+    "VLLM_NPU_EXT_TEI_MAX_CLIENT_BATCH_SIZE": (
+        "32",
+        "most inputs one request to the TEI routes (/embed, /rerank, ...) may carry; larger "
+        "batches get TEI's 413 (TEI's --max-client-batch-size, same default)",
+    ),
     "VLLM_NPU_EXT_SELFCHECK_EMULATE": (
         "0",
         "1: `vllm-npu-ext selfcheck` runs on the CPU under the torch_npu emulator (tests "

@@ -256,6 +256,8 @@ def make_tiny_model(
         out / "generation_config.json",
         {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]},
     )
+    if not reranker:
+        _write_json(out / ST_CONFIG, QWEN3_EMBEDDING_ST_CONFIG)
     weights = random_weights(config, seed)
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
@@ -272,6 +274,18 @@ def _check_shapes(config: dict) -> None:
 def _write_json(path: Path, data: dict) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
+
+# Qwen3-Embedding's Sentence Transformers config: the query prompt TEI's `prompt_name` names.
+ST_CONFIG = "config_sentence_transformers.json"
+QWEN3_EMBEDDING_ST_CONFIG = {
+    "prompts": {
+        "query": "Instruct: Given a web search query, retrieve relevant passages that answer "
+        "the query\nQuery:",
+        "document": "",
+    },
+    "default_prompt_name": None,
+    "similarity_fn_name": "cosine",
+}
 
 # preset -> the built-in model's directory name (and served name)
 DEFAULT_MODELS = {"tiny": DEFAULT_MODEL_NAME, "reranker": DEFAULT_RERANKER_NAME}
