@@ -109,8 +109,12 @@ def splitting_ops() -> list[str]:
     return [*config.splitting_ops, *VLLM_ASCEND_SPLITTING_OPS]
 
 
-def count_compiled(model, tokens: list[int]) -> dict:
-    """Compiled: graph breaks, and ops inside/outside vLLM's piecewise graphs (see docstring)."""
+def count_compiled(model, tokens: list[int], vllm_config) -> dict:
+    """Compiled: graph breaks, and ops inside/outside vLLM's piecewise graphs (see docstring).
+
+    Runs inside a vLLM forward context whose metadata gives every attention layer the
+    boundaries of `tokens` (our attention reads them there and refuses a forward without one).
+    """
     import torch._dynamo.utils as dynamo_utils
     from vllm.compilation.backends import split_graph
 
@@ -126,7 +130,7 @@ def count_compiled(model, tokens: list[int]) -> dict:
     dynamo_utils.counters.clear()
     input_ids = torch.randint(inner.config.vocab_size, (sum(tokens),))
     positions = torch.cat([torch.arange(n) for n in tokens])
-    with torch.no_grad():
+    with torch.no_grad(), _packed_forward(model, tokens, vllm_config):
         torch.compile(inner.forward, backend=backend, fullgraph=False)(input_ids, positions)
     graph_breaks = sum(dynamo_utils.counters["graph_break"].values())
     torch._dynamo.reset()
@@ -137,7 +141,7 @@ def count_compiled(model, tokens: list[int]) -> dict:
             label = f"{len(pieces)}:{'outside' if item.is_splitting_graph else 'graph'}"
             submodule.forward = _attributed(counter, label, submodule.forward)
             pieces.append(label)
-        with torch.no_grad(), counter:
+        with torch.no_grad(), counter, _packed_forward(model, tokens, vllm_config):
             split_module(*inputs)
     layers = inner.end_layer - inner.start_layer
     counted = {p: sum(counter.by_piece.get(p, Counter()).values()) for p in pieces}
@@ -154,6 +158,21 @@ def count_compiled(model, tokens: list[int]) -> dict:
         "outside_ops": _merged(counter.by_piece, outside),
         "outside_device_ops": _merged(counter.device_ops, outside),
     }
+
+
+def _packed_forward(model, tokens: list[int], vllm_config):
+    """vLLM's forward context for one packed batch of `tokens`: each attention layer's metadata
+    carries the boundaries, as our cache-free builder leaves them (`compat.PACKED_SEQS_ATTR`)."""
+    from types import SimpleNamespace
+
+    from vllm.forward_context import set_forward_context
+
+    from vllm_npu_ext import compat
+    from vllm_npu_ext.ops.packed import PackedSeqs
+
+    metadata = SimpleNamespace(**{compat.PACKED_SEQS_ATTR: PackedSeqs.from_seq_lens(tokens)})
+    names = {getattr(m, "layer_name", None) for m in model.modules()} - {None}
+    return set_forward_context(dict.fromkeys(names, metadata), vllm_config, num_tokens=sum(tokens))
 
 
 def _merged(counts: dict[str, Counter[str]], pieces: list[str]) -> dict[str, int]:
@@ -297,7 +316,8 @@ def main() -> int:
         return {name: count_layer_ops(model, c, tokens) for name, c in configs.items()}
 
     results = llm.apply_model(run)[0]
-    compiled = llm.apply_model(lambda model: count_compiled(model, tokens))[0]
+    vllm_config = llm.llm_engine.vllm_config
+    compiled = llm.apply_model(lambda model: count_compiled(model, tokens, vllm_config))[0]
     _print_table(results, compiled)
     summary = {name: r["per_layer"] for name, r in results.items()}
     summary["per_forward_all_on"] = results["all_on"]["per_forward"]

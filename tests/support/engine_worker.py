@@ -117,8 +117,8 @@ def _count_ops_module():
 
 def _compiled_counts(llm) -> dict:
     """Graph breaks and ops inside/outside vLLM's piecewise graphs (benchmarks/count_ops.py)."""
-    count_compiled = _count_ops_module().count_compiled
-    return llm.apply_model(lambda model: count_compiled(model, [7, 3]))[0]
+    count_compiled, vllm_config = _count_ops_module().count_compiled, llm.llm_engine.vllm_config
+    return llm.apply_model(lambda model: count_compiled(model, [7, 3], vllm_config))[0]
 
 
 def _op_counts(llm) -> dict[str, int]:
