@@ -9,7 +9,7 @@ from collections import defaultdict
 from _common import cosine, geometric_mean, markdown_table, median
 
 GIB = 2**30
-MIXED_SIDES = ("plugin", "stock", "hf")
+MIXED_SIDES = ("plugin", "plugin-bf16mm", "stock", "hf")
 
 
 def throughput(result: dict, scenario: str) -> dict[int, dict[str, float]]:
@@ -134,6 +134,21 @@ def ablation_table(results: dict, args) -> str:
     return title + "\n\n" + markdown_table(["variant", "texts/s", "gain of the fusion"], rows)
 
 
+def matmul_table(results: dict) -> str:
+    """The plugin against stock at matched matmul precision (bench_embed.py's docstring)."""
+    rows = []
+    for label, scenario, side, base in (
+        ("half-precision matmuls on both (plugin-bf16mm / stock)", "mixed", "plugin-bf16mm",
+         "stock"),
+        ("float32 matmuls on both (plugin / stock-fp32)", "mixed-fp32", "plugin", "stock-fp32"),
+    ):  # fmt: skip
+        rows.append([label, ratio(results, scenario, side, base)])
+    title = ("CPU matmul precision, like for like (geometric mean of paired texts/s ratios over "
+             "batch sizes; by default the plugin multiplies bf16/fp16 weights in float32 on a "
+             "CPU without native half-precision matmuls):")  # fmt: skip
+    return title + "\n\n" + markdown_table(["comparison", "speed ratio"], rows)
+
+
 def report(results: dict, args, model) -> tuple[str, dict]:
     """Markdown tables and the summary dict (the JSON line)."""
     parts = []
@@ -150,8 +165,12 @@ def report(results: dict, args, model) -> tuple[str, dict]:
         )
     if args.run_ablation and "plugin" in results:
         parts.append(ablation_table(results, args))
+    if has_passes(results, {"mixed-fp32"}) or "plugin-bf16mm" in results:
+        parts.append(matmul_table(results))
     summary = {
+        "plugin_bf16mm_vs_stock": ratio(results, "mixed", "plugin-bf16mm", "stock"),
         "plugin_vs_stock": ratio(results, "mixed", "plugin", "stock"),
+        "plugin_vs_stock_fp32": ratio(results, "mixed-fp32", "plugin", "stock-fp32"),
         "plugin_vs_hf": ratio(results, "mixed", "plugin", "hf"),
         "prefix_plugin_vs_stock": ratio(results, "prefix", "plugin", "stock"),
         "prefix_plugin_kv_vs_plugin": ratio(results, "prefix-kv", "plugin-kv", "plugin"),

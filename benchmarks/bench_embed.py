@@ -9,7 +9,12 @@ Each side runs in its own process, on the same generated inputs:
 - plugin: vLLM with vllm-npu-ext (default cache-free pooling: no KV cache, no prefix cache);
 - stock: the same vLLM with our plugins left out of `VLLM_PLUGINS` (vLLM's own Qwen3);
 - hf: transformers, length-sorted left-padded batches (the sentence-transformers way);
-- plugin-kv: the plugin with `VLLM_NPU_EXT_KV_CACHE_FREE=0` (shared-prefix scenario only).
+- plugin-kv: the plugin with `VLLM_NPU_EXT_KV_CACHE_FREE=0` (shared-prefix scenario only);
+- on the CPU in bf16/fp16, where the plugin multiplies in float32 on CPUs without native
+  half-precision matmuls (`VLLM_NPU_EXT_CPU_FLOAT32_MATMUL`, default auto): plugin-bf16mm, the
+  plugin with `VLLM_NPU_EXT_CPU_FLOAT32_MATMUL=0` (the same half-precision matmuls as stock:
+  the like-for-like ratio, reported first), and stock-fp32, stock vLLM at `--dtype float32`
+  (against the plugin's float32 matmuls).
 
 vLLM sides run in-process engines (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) with the same
 `max_model_len` and memory fraction. "Batch size" is texts per call (one `LLM.embed` call,
@@ -20,14 +25,16 @@ that is where a prefix cache can help. Medians over `--repeats` passes.
 
 The sides' processes stay up together and take turns: one timed pass each per (batch size,
 repeat), in rotating order, never two at once. A slow drift in what else the machine runs
-then hits every side alike instead of whichever side ran during it. Phases: plugin, stock
-and hf (mixed; plugin and stock also shared-prefix); then plugin-kv against the plugin
+then hits every side alike instead of whichever side ran during it. Phases: plugin,
+plugin-bf16mm, stock and hf (mixed; plugin and stock also shared-prefix); then stock-fp32
+against the plugin (mixed, new texts: `mixed-fp32`); then plugin-kv against the plugin
 (shared-prefix, new texts); then, on a machine with an Ascend NPU, the plugin with all
 fusions off (`VLLM_NPU_EXT_FUSED=0`) and with each one off in turn
 (`VLLM_NPU_EXT_FUSE_<NAME>=0`), each against the plugin with all on.
 
-Output: markdown tables, then, as the last line, one JSON object with `plugin_vs_stock` and
-`plugin_vs_hf` (geometric means over batch sizes of the texts/s ratios) and every figure.
+Output: markdown tables, then, as the last line, one JSON object with
+`plugin_bf16mm_vs_stock`, `plugin_vs_stock`, `plugin_vs_stock_fp32` and `plugin_vs_hf`
+(geometric means over batch sizes of the paired texts/s ratios) and every figure.
 """
 
 from __future__ import annotations
@@ -56,6 +63,7 @@ class Side:
     name: str
     kind: str  # "vllm" or "hf"
     env: dict[str, str]
+    dtype: str | None = None  # None: --dtype
 
 
 def vllm_plugins(include_ours: bool) -> str:
@@ -76,7 +84,15 @@ def side_catalogue() -> dict[str, Side]:
         "stock": Side("stock", "vllm", stock),
         "hf": Side("hf", "hf", {}),
         "plugin-kv": Side("plugin-kv", "vllm", {**ours, "VLLM_NPU_EXT_KV_CACHE_FREE": "0"}),
-    }
+        "plugin-bf16mm": Side("plugin-bf16mm", "vllm",
+                              {**ours, "VLLM_NPU_EXT_CPU_FLOAT32_MATMUL": "0"}),
+        "stock-fp32": Side("stock-fp32", "vllm", stock, dtype="float32"),
+    }  # fmt: skip
+
+
+# Sides that measure the CPU's float32 matmuls (module docstring): only on the CPU, in half
+# precision, where the plugin's default differs from stock's matmul precision.
+CPU_MATMUL_SIDES = ("plugin-bf16mm", "stock-fp32")
 
 
 def ablation_sides() -> list[Side]:
@@ -101,7 +117,8 @@ def scenarios(args) -> dict[str, dict]:
         "texts_per_pass": args.prefix_texts, "max_tokens": 64,
         "prefix_tokens": args.prefix_tokens,
     }  # fmt: skip
-    return {"mixed": mixed, "prefix": prefix, "prefix-kv": {**prefix, "name": "prefix-kv"}}
+    return {"mixed": mixed, "prefix": prefix, "prefix-kv": {**prefix, "name": "prefix-kv"},
+            "mixed-fp32": {**mixed, "name": "mixed-fp32"}}  # fmt: skip
 
 
 def default_model(quick: bool) -> Path:
@@ -134,7 +151,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--prefix-texts", type=int, help="queries per shared-prefix pass")
     parser.add_argument("--prefix-batch-size", type=int, default=16)
     parser.add_argument("--sides", type=lambda s: s.split(","),
-                        default=["plugin", "stock", "hf", "plugin-kv"])  # fmt: skip
+                        default=["plugin", "stock", "hf", "plugin-kv", *CPU_MATMUL_SIDES],
+                        help="default: all; plugin-bf16mm and stock-fp32 only on the CPU in "
+                        "bf16/fp16")  # fmt: skip
     parser.add_argument("--ablation", choices=("auto", "on", "off"), default="auto",
                         help="per-fusion runs (auto: only with an Ascend NPU)")  # fmt: skip
     add_run_arguments(parser)
@@ -177,6 +196,8 @@ def _fill_defaults(args: argparse.Namespace) -> None:
     if args.gpu_memory_utilization is None:
         # Two engines share the device during a run (the plugin and one other side).
         args.gpu_memory_utilization = 0.4 if args.npu else 0.5
+    if args.npu or args.emulate or args.dtype not in ("bfloat16", "float16"):
+        args.sides = [side for side in args.sides if side not in CPU_MATMUL_SIDES]
     unknown = set(args.sides) - set(side_catalogue())
     if unknown:
         raise SystemExit(f"--sides: unknown {sorted(unknown)}, known {sorted(side_catalogue())}")
@@ -196,7 +217,7 @@ class Bench:
     def start(self, side: Side) -> None:
         log(f"[{side.name}] starting ({self.work_dir / side.name}.log)")
         spec = {
-            "kind": side.kind, "model": str(self.model), "dtype": self.args.dtype,
+            "kind": side.kind, "model": str(self.model), "dtype": side.dtype or self.args.dtype,
             "max_model_len": self.args.max_model_len, "device": self.args.device,
             "gpu_memory_utilization": self.args.gpu_memory_utilization,
             "emulate": self.args.emulate and side.name not in ("stock", "hf"),
@@ -243,7 +264,7 @@ def run(bench: Bench, chosen: list[str], catalogue: dict[str, dict]) -> None:
     args, sides = bench.args, side_catalogue()
     # vLLM on CPU wants its whole memory fraction free at start, even with no KV cache to
     # allocate: the plugin (small) starts before stock (which fills the fraction).
-    first = [name for name in ("plugin", "stock", "hf") if name in chosen]
+    first = [name for name in ("plugin", "plugin-bf16mm", "stock", "hf") if name in chosen]
     for name in first:
         bench.start(sides[name])
     mixed_warmup = max(8, min(args.texts_per_pass, max(args.batch_sizes)))
@@ -251,10 +272,14 @@ def run(bench: Bench, chosen: list[str], catalogue: dict[str, dict]) -> None:
     prefix_sides = [name for name in ("plugin", "stock") if name in first]
     if prefix_sides:
         bench.take_turns(prefix_sides, catalogue["prefix"], args.prefix_batch_size)
-    for name in ("stock", "hf"):
+    for name in ("plugin-bf16mm", "stock", "hf"):
         if name in bench.workers:
             bench.finish(name)
     with_plugin = ["plugin"] if "plugin" in bench.workers else []
+    if "stock-fp32" in chosen:
+        bench.start(sides["stock-fp32"])
+        bench.take_turns(with_plugin + ["stock-fp32"], catalogue["mixed-fp32"], mixed_warmup)
+        bench.finish("stock-fp32")
     if "plugin-kv" in chosen:
         bench.start(sides["plugin-kv"])
         bench.take_turns(with_plugin + ["plugin-kv"], catalogue["prefix-kv"],
@@ -283,8 +308,8 @@ def main(argv=None) -> int:
 # engine that computes something else is not faster at the task. Float32 is the suite's
 # parity bar; half precision allows its rounding (stock vLLM measures 0.99995 in bfloat16).
 MIN_COSINE_VS_HF = {"float32": 0.99999, "float16": 0.999, "bfloat16": 0.999}
-RATIO_FIELDS = ("plugin_vs_stock", "plugin_vs_hf", "prefix_plugin_vs_stock",
-                "prefix_plugin_kv_vs_plugin")  # fmt: skip
+RATIO_FIELDS = ("plugin_bf16mm_vs_stock", "plugin_vs_stock", "plugin_vs_stock_fp32",
+                "plugin_vs_hf", "prefix_plugin_vs_stock", "prefix_plugin_kv_vs_plugin")  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)

@@ -112,3 +112,33 @@ def test_rerank_ratio_withheld_names_the_side_off_hf(tmp_path, capsys):
     status, summary, out, err = _run(bench_rerank, RERANK_ORACLE, tmp_path, "float32",
                                      _rerank_results([0.5, 0.250001]), capsys)  # fmt: skip
     assert status == 0 and summary["plugin_vs_stock"] == pytest.approx(1.2)
+
+
+def test_cpu_matmul_sides_give_like_for_like_ratios_first(tmp_path, capsys):
+    """plugin-bf16mm (the plugin's half-precision matmuls) against stock in one phase, the
+    plugin's float32 matmuls against stock-fp32 in another (`mixed-fp32`): each ratio from its
+    own pair, and the like-for-like ratio first in the summary."""
+    results = _embed_results([1.0, 1e-4])
+    results["plugin"]["passes"] += _passes("mixed-fp32", 1.0)
+    check = {"check_embeddings": [[1.0, 1e-4], [0.0, 1.0]]}
+    results["plugin-bf16mm"] = _side("mixed", 1.5, check)
+    results["stock-fp32"] = _side("mixed-fp32", 1.3, check)
+    status, summary, out, err = _run(bench_embed, EMBED_ORACLE, tmp_path, "bfloat16", results,
+                                     capsys)  # fmt: skip
+    assert status == 0, err
+    assert summary["plugin_bf16mm_vs_stock"] == pytest.approx(1.1 / 1.5)
+    assert summary["plugin_vs_stock"] == pytest.approx(1.1)
+    assert summary["plugin_vs_stock_fp32"] == pytest.approx(1.3)
+    assert list(summary)[0] == "plugin_bf16mm_vs_stock"
+    assert "| float32 matmuls on both (plugin / stock-fp32) | 1.30 |" in out
+    results["stock-fp32"]["check_embeddings"] = [[0.79, 0.6131], [0.0, 1.0]]
+    status, summary, _, err = _run(bench_embed, EMBED_ORACLE, tmp_path, "bfloat16", results,
+                                   capsys)  # fmt: skip
+    assert status == 1 and summary["plugin_vs_stock_fp32"] is None and "side stock-fp32" in err
+
+
+def test_cpu_matmul_sides_only_on_the_cpu_in_half_precision():
+    sides = ("plugin-bf16mm", "stock-fp32")
+    assert set(sides) <= set(bench_embed.parse_args([]).sides)
+    assert not set(sides) & set(bench_embed.parse_args(["--dtype", "float32"]).sides)
+    assert not set(sides) & set(bench_embed.parse_args(["--emulate"]).sides)
