@@ -180,6 +180,7 @@ def graph_entry(results: dict) -> dict:
         + sum(between_per_layer.values()),
         "host_code_ops_in_graphs_per_capture": host_code,
         "launches_per_forward_besides": per_forward,
+        "launches_outside_replays_per_forward": sum(forward["launches"].values()),
         "kv_cache_tensor_bytes": results["kv_cache_tensor_bytes"],
         "startup_seconds": results["startup_seconds"],
         "graph_capture": results["graph_capture_log"],
@@ -192,8 +193,31 @@ def eager_entry(results: dict) -> dict:
     return {"mode": "eager", "launches_per_layer": sum(launches.values()),
             "launches_between_replays_per_layer": launches,
             "inside": results["layer"]["inside"], "bytes": results["layer"]["bytes"],
+            "launches_outside_replays_per_forward": sum(results["forward"]["launches"].values()),
             "model": results["model"], "kv_cache_tensor_bytes": results["kv_cache_tensor_bytes"],
             "startup_seconds": results["startup_seconds"]}  # fmt: skip
+
+
+# `count_ops.py --vllm-ascend`: each of our modes against stock in the mode stock serves it
+# in (stock pooling has no one graph per forward: its default, piecewise, is the one to beat).
+AGAINST_STOCK = {"ours eager": "stock eager", "ours piecewise": "stock piecewise",
+                 "ours full graph": "stock piecewise"}  # fmt: skip
+
+
+def against_stock(entries: dict) -> dict:
+    """Ours against stock as measured in this run (`AGAINST_STOCK`): launches per decoder layer
+    and launches outside the replays per forward (the runner's included), and whether ours are
+    fewer; None where either side did not run."""
+    keys = ("launches_per_layer", "launches_outside_replays_per_forward")
+    compared = {}
+    for ours, stock in AGAINST_STOCK.items():
+        a, b = entries.get(ours, {}), entries.get(stock, {})
+        if not all(key in a and key in b for key in keys):
+            compared[ours] = None
+            continue
+        compared[ours] = {"stock": stock, **{key: [a[key], b[key]] for key in keys},
+                          "fewer": all(a[key] < b[key] for key in keys)}  # fmt: skip
+    return compared
 
 
 def entry(returncode: int, results: dict | None, log: str) -> dict:
