@@ -200,8 +200,16 @@ def test_attention_op_reads_sequence_boundaries_at_run_time(monkeypatch):
     assert not torch.allclose(outputs[0], outputs[1])
 
 
-def test_attention_op_schema_and_fake_kernel():
-    """It writes only `output` (declared), and its fake kernel agrees with the real one."""
+def test_attention_op_schema_and_fake_kernel(monkeypatch):
+    """It writes only `output` (declared), and its fake kernel agrees with the real one.
+
+    The op reads the batch's boundaries from vLLM's forward context when it runs; opcheck runs
+    it outside one, so the boundaries are given here (two sequences of 2 and 3 tokens)."""
+    from vllm_npu_ext import compat
+
+    monkeypatch.setattr(
+        compat, "packed_seqs_for_layer", lambda name, tokens: PackedSeqs.from_seq_lens([2, 3])
+    )
     torch.manual_seed(0)
     q, k = torch.randn(5, 4, 16), torch.randn(5, 2, 16)
     args = (q, k, torch.randn(5, 2, 16), torch.empty_like(q), "layer", 0.25, False,
