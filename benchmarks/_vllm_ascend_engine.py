@@ -335,7 +335,7 @@ def main() -> None:
 
 def _full_graph_figures(model) -> dict | None:
     """One graph per forward's update figures after the batched and one-by-one runs
-    (`layers/full_graph.py`), or None in other modes."""
+    (`layers/cache_free/full_graph.py`), or None in other modes."""
     state = getattr(getattr(model, "model", None), "full_graph", None)
     if state is None:
         return None
@@ -347,7 +347,7 @@ def _full_graph_figures(model) -> dict | None:
 
 def _with_stale_update(run):
     """`run()` while each update gives the captured attention its capture's boundaries."""
-    from vllm_npu_ext.model_executor.layers.full_graph import FullGraphAttention
+    from vllm_npu_ext.model_executor.layers.cache_free.full_graph import FullGraphAttention
 
     step_seqs = FullGraphAttention.step_seqs
     FullGraphAttention.step_seqs = lambda self, layer_name, num_tokens, task: task.captured_seqs

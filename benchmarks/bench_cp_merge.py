@@ -43,7 +43,7 @@ from collections.abc import Callable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from vllm_npu_ext.ops.attention_merge import merge_shards
+from vllm_npu_ext.ops.attention_update import merge_shards
 from vllm_npu_ext.ops.cp_merge import merge_cp_buffer, pack_out_lse
 
 COPY_OPS = {"copy_", "clone", "_to_copy", "stack", "cat", "index_select", "contiguous"}

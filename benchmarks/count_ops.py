@@ -98,7 +98,7 @@ def splitting_ops() -> list[str]:
     from vllm.config.compilation import CompilationMode
 
     from vllm_npu_ext import compat
-    from vllm_npu_ext.model_executor.layers.cache_free_op import SPLITTING_OP
+    from vllm_npu_ext.model_executor.layers.cache_free.op import SPLITTING_OP
 
     compat.add_default_splitting_op(SPLITTING_OP)  # as the plugin's config hook does
     config = CompilationConfig(mode=CompilationMode.VLLM_COMPILE)

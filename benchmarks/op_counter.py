@@ -29,7 +29,7 @@ FREE_OPS = {
     "empty.memory_format", "empty_like.default", "empty_strided.default", "_unsafe_view.default",
 }
 # Custom operators whose kernel is host code (sources: ours `model_executor/layers/
-# cache_free_op.py`; vLLM 0.23 `attention/layer.py` unified_attention(_with_output), vllm-ascend
+# cache_free/op.py`; vLLM 0.23 `attention/layer.py` unified_attention(_with_output), vllm-ascend
 # 0.23 `ops/register_custom_ops.py` maybe_chunk_residual, maybe_pad_and_reduce: Python
 # functions registered for the NPU key that call torch_npu / ATB / collectives).
 HOST_CODE_OPS = {

@@ -1,4 +1,4 @@
-"""attention_update (vllm_npu_ext.ops.attention_merge): numerics, argument rules, dispatch."""
+"""attention_update (vllm_npu_ext.ops.attention_update): numerics, argument rules, dispatch."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from vllm_npu_ext import emulator as torch_npu_emulator
 from vllm_npu_ext.emulator.operators import npu_ext_cann as emulated_cann_ops
-from vllm_npu_ext.ops import attention_merge as update_module
-from vllm_npu_ext.ops import attention_update
-from vllm_npu_ext.ops.attention_merge import (
+from vllm_npu_ext.ops import attention_update as update_module
+from vllm_npu_ext.ops.attention_update import (
+    attention_update,
     attention_update_fake,
     attention_update_npu,
     attention_update_reference,

@@ -30,7 +30,7 @@ from vllm_npu_ext.cann_ops.npu_ext_attention_update.torch_binding import (
     torchair_converter,
 )
 from vllm_npu_ext.emulator.operators import npu_ext_cann as emulated_cann_ops
-from vllm_npu_ext.ops import attention_merge as public
+from vllm_npu_ext.ops import attention_update as public
 from vllm_npu_ext.selfcheck.tolerances import op_tolerance
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -8,7 +8,7 @@ import pytest
 import torch
 from support.scripts import load_script
 
-from vllm_npu_ext.ops.attention_merge import attention_update_reference
+from vllm_npu_ext.ops.attention_update import attention_update_reference
 from vllm_npu_ext.ops.cp_merge import (
     cp_decode_merge,
     exchange,

@@ -18,7 +18,7 @@ import torch
 from support.engines import COMPILED_RUNS, ENGINE_CONFIGS, PARITY_TEXTS
 from support.hf_oracle import cosines, hf_embeddings
 
-from vllm_npu_ext.model_executor.layers import cache_free_op
+from vllm_npu_ext.model_executor.layers.cache_free import op as cache_free_op
 from vllm_npu_ext.model_executor.models import qwen3_config
 from vllm_npu_ext.ops import attention
 from vllm_npu_ext.ops.packed import PackedSeqs

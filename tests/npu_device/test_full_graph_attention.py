@@ -1,5 +1,5 @@
 """Our attention op captured inside an NPU graph and updated per replay
-(vllm_npu_ext/model_executor/layers/full_graph.py), on the stand-in's npu device.
+(vllm_npu_ext/model_executor/layers/cache_free/full_graph.py), on the stand-in's npu device.
 
 The model's forward does what this test does around a replay: `begin_forward`, the replay,
 `after_forward` with the step's token count. Skipping the update leaves the replay blocked at
@@ -18,8 +18,8 @@ import torch
 import torch_npu
 
 from vllm_npu_ext import compat
-from vllm_npu_ext.model_executor.layers import cache_free_op
-from vllm_npu_ext.model_executor.layers.full_graph import FullGraphAttention
+from vllm_npu_ext.model_executor.layers.cache_free import op as cache_free_op
+from vllm_npu_ext.model_executor.layers.cache_free.full_graph import FullGraphAttention
 from vllm_npu_ext.ops import attention
 from vllm_npu_ext.ops.packed import PackedSeqs
 

@@ -78,7 +78,7 @@ def layer(vllm_config):
     """Our layer, registered in the config's forward context as the model registers it."""
     from vllm.config import set_current_vllm_config
 
-    from vllm_npu_ext.model_executor.layers.cache_free_attention import (
+    from vllm_npu_ext.model_executor.layers.cache_free.backend import (
         CacheFreeCausalAttention,
     )
 
@@ -320,7 +320,7 @@ def test_our_builder_does_none_of_it_and_packs_the_batch(vllm_config, layer, bat
 
 
 def test_the_choice_follows_the_models_npu_path_test(vllm_ascend_started):
-    from vllm_npu_ext.model_executor.layers.cache_free_attention import npu_path_reads_metadata
+    from vllm_npu_ext.model_executor.layers.cache_free.backend import npu_path_reads_metadata
     from vllm_npu_ext.ops import dispatch
 
     assert dispatch.cpu_takes_npu_path()  # the stand-in is installed

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from support.vllm_ascend_env import engine_config as vllm_serve_config
 
-from vllm_npu_ext.model_executor.layers.cache_free_op import SPLITTING_OP
+from vllm_npu_ext.model_executor.layers.cache_free.op import SPLITTING_OP
 from vllm_npu_ext.model_executor.models import qwen3_config
 
 

@@ -5,7 +5,7 @@ int update_type) -> (Tensor, Tensor)` with its fake kernel (shared with the publ
 `torch.ops.vllm_npu_ext.attention_update`). The NPU kernel is C++ (`vllm_npu_ext._cann_C`,
 built by setup.py only where torch_npu and CANN are present) and calls our aclnn functions;
 `custom_kernel_available` says whether a kernel is registered for a device. Importing this
-module registers the op as the custom kernel of `vllm_npu_ext.ops.attention_merge` (which
+module registers the op as the custom kernel of `vllm_npu_ext.ops.attention_update` (which
 knows nothing of this package).
 
 Arguments: lse fp32 `[sp, N]`; go `[sp, N, D]` fp32/fp16/bf16 (`go`: the partial attention
@@ -21,8 +21,11 @@ from types import ModuleType
 
 import torch
 
-from vllm_npu_ext.ops import attention_merge
-from vllm_npu_ext.ops.attention_merge import attention_update_fake
+from vllm_npu_ext.ops.attention_update import (
+    CustomKernel,
+    attention_update_fake,
+    register_custom_kernel,
+)
 
 LIBRARY_NAMESPACE = "npu_ext_cann"
 OP_NAME = "npu_ext_attention_update"
@@ -80,8 +83,8 @@ def _run(lse: torch.Tensor, go: torch.Tensor, update_type: int):
     return torch.ops.npu_ext_cann.npu_ext_attention_update(lse, go, update_type)
 
 
-attention_merge.register_custom_kernel(
-    attention_merge.CustomKernel("NpuExtAttentionUpdate", custom_kernel_available, _run)
+register_custom_kernel(
+    CustomKernel("NpuExtAttentionUpdate", custom_kernel_available, _run)
 )
 
 

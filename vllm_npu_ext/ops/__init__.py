@@ -1,3 +1,2 @@
-from vllm_npu_ext.ops.attention_merge import attention_update
-
-__all__ = ["attention_update"]
+"""Functional ops, one family per module, each with its torch_npu path and a PyTorch reference
+of the same signature; `dispatch` decides which one a tensor takes."""

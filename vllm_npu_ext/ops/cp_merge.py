@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from vllm_npu_ext.ops.attention_merge import attention_update
+from vllm_npu_ext.ops.attention_update import attention_update
 
 
 def group_size(group: dist.ProcessGroup | None) -> int:

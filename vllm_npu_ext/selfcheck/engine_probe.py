@@ -131,7 +131,7 @@ def npu_path_info(model) -> dict:
 
 def full_graph_state(model) -> dict:
     """The model's graph mode (`Qwen3ForCausalLM.graph_mode`: none, piecewise or full) and, in
-    one graph per forward, what `layers/full_graph.py` counted so far."""
+    one graph per forward, what `layers/cache_free/full_graph.py` counted so far."""
     state = getattr(getattr(model, "model", None), "full_graph", None)
     figures = {"mode": getattr(model, "graph_mode", "none"), "captured_sizes": [],
                "updates": 0, "update_calls": 0, "widest_update": []}  # fmt: skip

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from vllm_npu_ext.ops import activation, attention, layernorm, linear, rotary
-from vllm_npu_ext.ops.attention_merge import attention_update_reference
+from vllm_npu_ext.ops.attention_update import attention_update_reference
 from vllm_npu_ext.ops.packed import PackedSeqs
 from vllm_npu_ext.selfcheck.parity import Parity, dtype_name
 

@@ -28,7 +28,7 @@ import torch
 
 from vllm_npu_ext.cann_ops import binding
 from vllm_npu_ext.cann_ops.npu_ext_attention_update.host_kernel.library import default_kernel
-from vllm_npu_ext.ops.attention_merge import check_attention_update_args
+from vllm_npu_ext.ops.attention_update import check_attention_update_args
 
 OP_NAME = binding.OP_NAME
 QUALNAME = binding.QUALIFIED_NAME

@@ -6,9 +6,9 @@ path every step maps to one device operator: where vllm-ascend registers its
 (split, q/k norms and RoPE); otherwise q/k/v from one grouped matmul on pre-transposed
 weights (or one merged matmul), `npu_rms_norm` per q and k, and `npu_mrope` for both (or
 `npu_rotary_mul` per tensor); then `npu_fused_infer_attention_score` on the packed batch
-(TND, native GQA). Without a KV
-cache, attention is the op `vllm_npu_ext::cache_free_attention` (`cache_free_op`), which reads
-the batch's sequence boundaries itself and at which vLLM splits its compiled graphs.
+(TND, native GQA). Without a KV cache, attention is the op
+`vllm_npu_ext::cache_free_attention` (`layers/cache_free/op.py`), which reads the batch's
+sequence boundaries itself and at which vLLM splits its compiled graphs.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import QKVParallelLinear, RowParallelLinear
 from vllm.model_executor.layers.rotary_embedding import get_rope
 
-from vllm_npu_ext.model_executor.layers import cache_free_op, fused
-from vllm_npu_ext.model_executor.layers.cache_free_attention import CacheFreeCausalAttention
+from vllm_npu_ext.model_executor.layers import fused
+from vllm_npu_ext.model_executor.layers.cache_free import op as cache_free_op
+from vllm_npu_ext.model_executor.layers.cache_free.backend import CacheFreeCausalAttention
 from vllm_npu_ext.model_executor.layers.npu_step import QK_FUSED, QK_MROPE, NpuStep
 from vllm_npu_ext.ops import attention, linear, qk_norm_rope, rotary
 

@@ -34,7 +34,7 @@ class NpuStep:
     model's dtype) for the paths that take them; cos, sin: `[T, D]` rotary tables gathered
     for this batch's positions (once, not per layer) for the paths that need them, else None.
     seqs: explicit sequence boundaries (`forward_packed`); None in vLLM's forward, where
-    cache-free attention reads them itself (`cache_free_op`) and attention with a KV cache
+    cache-free attention reads them itself (`cache_free/op.py`) and attention with a KV cache
     goes through vLLM's attention layer.
     """
 

@@ -49,8 +49,8 @@ from vllm_npu_ext.envs import FusionConfig
 from vllm_npu_ext.logger import get_logger
 from vllm_npu_ext.model_executor.layers import cpu_matmul, cpu_matmul_choice, fused
 from vllm_npu_ext.model_executor.layers.attention import Qwen3Attention
-from vllm_npu_ext.model_executor.layers.cache_free_op import SPLITTING_OP
-from vllm_npu_ext.model_executor.layers.full_graph import FullGraphAttention
+from vllm_npu_ext.model_executor.layers.cache_free.full_graph import FullGraphAttention
+from vllm_npu_ext.model_executor.layers.cache_free.op import SPLITTING_OP
 from vllm_npu_ext.model_executor.layers.mlp import Qwen3MLP
 from vllm_npu_ext.model_executor.layers.npu_step import (
     QK_FUSED,
@@ -172,7 +172,8 @@ def _compiles(vllm_config: VllmConfig) -> bool:
     """Whether vLLM may compile the model (both paths; `--enforce-eager` still wins).
 
     The NPU path is traceable: host-side sequence lengths are read only inside the attention
-    op (`cache_free_op`), where vLLM splits the graph. `VLLM_NPU_EXT_COMPILE=0` runs it eagerly.
+    op (`layers/cache_free/op.py`), where vLLM splits the graph. `VLLM_NPU_EXT_COMPILE=0`
+    runs it eagerly.
     """
     return envs.flag(envs.COMPILE_SWITCH)
 
@@ -227,8 +228,8 @@ class Qwen3Model(nn.Module):
 
     def capture_attention_in_graphs(self, max_num_seqs: int) -> None:
         """Graphs of this model's forward capture attention too, updated per replay
-        (`layers/full_graph.py`): one state shared by every layer's attention; a replay carries
-        at most `max_num_seqs` requests."""
+        (`layers/cache_free/full_graph.py`): one state shared by every layer's attention; a
+        replay carries at most `max_num_seqs` requests."""
         self.full_graph = FullGraphAttention(max_num_seqs)
         for layer in islice(self.layers, self.start_layer, self.end_layer):
             layer.self_attn.attn.full_graph = self.full_graph

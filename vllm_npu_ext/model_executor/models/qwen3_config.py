@@ -1,9 +1,9 @@
 """Graph modes for cache-free pooling runs of our Qwen3: vLLM's per-architecture config hook
 and the start-up check.
 
-Cache-free attention (`layers.cache_free_op`) reads each batch's sequence boundaries on the
+Cache-free attention (`layers/cache_free/op.py`) reads each batch's sequence boundaries on the
 host, so a graph that captures it must have them updated after each replay
-(`layers/full_graph.py`): where FIA takes the model (bfloat16, head_dim 128/192) vLLM's
+(`layers/cache_free/full_graph.py`): where FIA takes the model (bfloat16, head_dim 128/192) vLLM's
 piecewise machinery captures the whole forward as one graph (our op is no splitting op), and
 the model updates FIA after each replay; elsewhere piecewise graphs split at the op. vLLM's
 own full modes stay off for it (vllm-ascend 0.23's full-graph warm-up indexes a block table
@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 
 from vllm_npu_ext import compat, envs
 from vllm_npu_ext.logger import get_logger
-from vllm_npu_ext.model_executor.layers.cache_free_op import SPLITTING_OP
+from vllm_npu_ext.model_executor.layers.cache_free.op import SPLITTING_OP
 from vllm_npu_ext.ops import attention
 from vllm_npu_ext.patches import vllm_model_registry
 
@@ -88,7 +88,7 @@ class Qwen3GraphModeHook:
 
 def full_graph_obstacle(vllm_config: Any) -> str | None:
     """Why a cache-free pooling run cannot capture attention inside one graph per forward
-    (`layers/full_graph.py`); None when it can: the NPU path, fused attention through FIA
+    (`layers/cache_free/full_graph.py`); None when it can: the NPU path, fused attention through FIA
     (bfloat16, head_dim 128 or 192 per `ops.attention.choose_operator`), at most FIA's
     sequence limit per batch with the padding sequence, and VLLM_NPU_EXT_FULL_GRAPH on."""
     if not envs.flag(envs.FULL_GRAPH_SWITCH):

@@ -12,7 +12,7 @@ from types import ModuleType
 from typing import Any
 
 from vllm_npu_ext.cann_ops import OP_TYPE
-from vllm_npu_ext.ops import attention_merge  # noqa: F401  (defines the public op)
+from vllm_npu_ext.ops import attention_update  # noqa: F401  (defines the public op)
 
 GE_INPUTS = ("lse", "go")
 GE_ATTRS = ("update_type",)

@@ -13,10 +13,11 @@ depends on the path that reads the metadata, decided as the model decides it for
 - Platform path (vLLM's CPU platform without the torch_npu emulator): vLLM's own attention
   implementation runs these layers and needs the backend's full metadata, so the backend's
   builder builds it and PackedSeqs is added to it. On vLLM 0.23 the builder also adds a
-  per-step scratch K/V buffer (`compat.attach_scratch_kv`), so that these layers run the
+  per-step scratch K/V buffer (`cpu_causal_attention.attach_scratch_kv`), so that these
+  layers run the
   batched CPU kernel stock vLLM's decoder layers use instead of SDPA per request.
 - NPU path (an Ascend NPU, or CPU tensors under the emulator): the only reader is our op
-  (`cache_free_op`, through `compat.packed_seqs_for_layer`), which reads PackedSeqs and
+  (`cache_free/op.py`, through `forward_context.packed_seqs_for_layer`), which reads PackedSeqs and
   nothing else, so the backend's `build` is not called. On vllm-ascend 0.23.0.post1 that
   `build` (`vllm_ascend/attention/attention_v1.py:276-372`) did, per step and per KV cache
   group, work that nothing reads on this path: `AttentionMaskBuilder.get_attention_mask`
@@ -55,6 +56,8 @@ from vllm.v1.attention.backend import (
 from vllm.v1.attention.selector import get_attn_backend
 
 from vllm_npu_ext import compat
+from vllm_npu_ext.model_executor import forward_context
+from vllm_npu_ext.model_executor.layers import cpu_causal_attention
 from vllm_npu_ext.ops import dispatch
 from vllm_npu_ext.ops.packed import PackedSeqs
 
@@ -149,10 +152,10 @@ def cache_free_causal_backend(backend: type[AttentionBackend]) -> type[Attention
     """`backend` with a metadata builder that keeps attention causal and records PackedSeqs
     (and skips the backend's own build where the NPU path reads the metadata: module
     docstring), and an implementation that honours that causality on every vLLM version we
-    support (`compat.causal_impl_cls`)."""
+    support (`cpu_causal_attention.causal_impl_cls`)."""
     base_builder = backend.get_builder_cls()
     metadata_cls = declared_metadata_cls(base_builder)
-    scratch_kv = compat.needs_causal_impl(backend.get_impl_cls())
+    scratch_kv = cpu_causal_attention.needs_causal_impl(backend.get_impl_cls())
 
     class CacheFreeCausalBuilder(base_builder):  # type: ignore[misc, valid-type]
         def build(self, common_prefix_len, common_attn_metadata, *args, **kwargs):
@@ -161,14 +164,14 @@ def cache_free_causal_backend(backend: type[AttentionBackend]) -> type[Attention
                 runner_type = self.vllm_config.model_config.runner_type
                 metadata = light_metadata(metadata_cls, common_attn_metadata, runner_type)
             else:
-                common = compat.set_causal(common_attn_metadata)
+                common = cpu_causal_attention.set_causal(common_attn_metadata)
                 metadata = super().build(common_prefix_len, common, *args, **kwargs)
                 if scratch_kv:  # vLLM 0.23's CPU backend: its batched kernel, not SDPA
-                    compat.attach_scratch_kv(self, metadata)
-            setattr(metadata, compat.PACKED_SEQS_ATTR, seqs)
+                    cpu_causal_attention.attach_scratch_kv(self, metadata)
+            setattr(metadata, forward_context.PACKED_SEQS_ATTR, seqs)
             return metadata
 
-    impl = compat.causal_impl_cls(backend.get_impl_cls())
+    impl = cpu_causal_attention.causal_impl_cls(backend.get_impl_cls())
     overrides = {
         "get_builder_cls": staticmethod(lambda: CacheFreeCausalBuilder),
         "get_impl_cls": staticmethod(lambda: impl),

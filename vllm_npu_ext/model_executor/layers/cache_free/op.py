@@ -8,13 +8,14 @@ boundary:
 
 - where FIA takes the model (bfloat16, head_dim 128/192), vLLM captures the whole forward as
   one graph with this op inside: called while a capture is under way it captures FIA as
-  `layers/full_graph.py` describes, and the model updates its lengths after each replay;
+  `full_graph.py` describes, and the model updates its lengths after each replay;
 - elsewhere vLLM splits its piecewise graphs at it (`SPLITTING_OP`, which the config hook in
   `models/qwen3_config.py` adds to the splitting ops, beside vLLM's own
   `vllm::unified_attention_with_output`), so on Ascend everything else in a decoder layer is
   captured by vllm-ascend's piecewise ACL graphs and this op runs eagerly between them;
 - its kernel reads the running batch's `PackedSeqs` from the forward context
-  (`compat.packed_seqs_for_layer`) and calls `ops.attention.varlen_attention` with the layer's
+  (`forward_context.packed_seqs_for_layer`) and calls `ops.attention.varlen_attention` with
+  the layer's
   fusion switch and operator choice (FIA, or npu_fusion_attention where FIA lacks the dtype);
 - it writes into an `output` buffer that the traced code allocates before the call, as vLLM's
   `unified_attention_with_output` does (vLLM 0.23 `layers/attention/attention.py:478,521`):
@@ -38,7 +39,7 @@ from __future__ import annotations
 
 import torch
 
-from vllm_npu_ext import compat
+from vllm_npu_ext.model_executor import forward_context
 from vllm_npu_ext.ops import attention, dispatch
 
 NAMESPACE = "vllm_npu_ext"
@@ -83,10 +84,10 @@ def cache_free_attention(
 
 
 def _kernel(query, key, value, output, layer_name, scale, fused, operator) -> None:
-    seqs = compat.packed_seqs_for_layer(layer_name, query.shape[0])
+    seqs = forward_context.packed_seqs_for_layer(layer_name, query.shape[0])
     device = dispatch.npu_ops(query)
     npu = device if fused else None
-    full_graph = getattr(compat.layer_module(layer_name), "full_graph", None)
+    full_graph = getattr(forward_context.layer_module(layer_name), "full_graph", None)
     if dispatch.graph_capturing(device):
         if full_graph is None or npu is None or operator != attention.FUSED_INFER:
             raise RuntimeError(

@@ -28,7 +28,7 @@ What this module adds to that pattern, because a replay is asynchronous on the d
   forever), and a second capture of a size that holds tasks already is refused (the first
   graph's tasks would be left without updates).
 
-Here the same pattern runs inside our attention op (`cache_free_op`) when it is called while a
+Here the same pattern runs inside our attention op (`op.py`) when it is called while a
 graph is being captured, so that vLLM's piecewise machinery captures the whole forward as one
 graph (the op is then not a splitting op: `qwen3_config`), and the model's forward updates the
 captured tasks after the compiled model returns (`after_forward`). Where FIA's documented TND
@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from vllm_npu_ext import compat
+from vllm_npu_ext.model_executor import forward_context
 from vllm_npu_ext.ops import attention
 from vllm_npu_ext.ops.packed import PackedSeqs
 
@@ -139,7 +139,7 @@ class FullGraphAttention:
 
     def step_seqs(self, layer_name: str, num_tokens: int, task: CapturedAttention) -> PackedSeqs:
         """The boundaries this step's update gives `task`: the running batch's."""
-        return compat.packed_seqs_for_layer(layer_name, num_tokens)
+        return forward_context.packed_seqs_for_layer(layer_name, num_tokens)
 
     def after_forward(self, npu: ModuleType | None, num_tokens: int) -> None:
         """After the model's forward: if it replayed a graph of `num_tokens` tokens, give each
