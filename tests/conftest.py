@@ -19,9 +19,9 @@ from vllm_npu_ext.tiny_model import make_tiny_model
 
 ENGINE_CONFIGS_NEEDED = pytest.StashKey[set]()
 VLLM_ASCEND_TESTS = Path(__file__).resolve().parent / "with_vllm_ascend"
-# The stand-in's npu device, installed for the whole process: tests/test_npu_device.py runs
-# this directory in a pytest process of its own.
-NPU_DEVICE_TESTS = Path(__file__).resolve().parent / "npu_device"
+# The stand-in's npu device, installed for the whole process: tests/emulator/test_npu_device.py
+# runs this directory in a pytest process of its own.
+NPU_DEVICE_TESTS = Path(__file__).resolve().parent / "emulator" / "npu_device"
 NPU_DEVICE_RUN = "VLLM_NPU_EXT_TEST_NPU_DEVICE_RUN"
 
 

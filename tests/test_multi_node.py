@@ -18,11 +18,11 @@ import contextlib
 import os
 
 import pytest
+from support.bootstrap_order import assert_ordered
 from support.bootstrap_probe import probe_server_env, read_records
 from support.hf_oracle import MIN_COSINE
 from support.loadgen import cosine, embed_alone, embed_batch, served_model, word_texts
 from support.server import TEST_SERVER_FLAGS, Server, free_port, running_server
-from test_bootstrap_processes import assert_ordered
 
 LOOPBACK = "127.0.0.1"
 

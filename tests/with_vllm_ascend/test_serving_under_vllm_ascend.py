@@ -412,7 +412,7 @@ def test_bf16_default_graph_mode_replays_one_graph_per_forward(full_bf16_engine,
     model gives every layer's FIA the step's sequence lengths. No device launch of the model
     between replays; parity with Hugging Face on other boundaries and padded sizes than the
     captures' (batched, then one text per step). Replays that were not updated would block
-    the stand-in's stream (tests/npu_device/test_full_graph_attention.py shows it)."""
+    the stand-in's stream (tests/emulator/npu_device/test_full_graph_attention.py shows it)."""
     r, log = full_bf16_engine, full_bf16_engine["log"]
     assert "one graph per forward for cache-free pooling" in log
     assert "one graph per forward with attention inside" in log and "Replaying aclgraph" in log

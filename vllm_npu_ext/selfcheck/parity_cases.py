@@ -1,8 +1,8 @@
 """Parity cases: every fused NPU operator against our PyTorch reference, in one table.
 
-Shared by the emulator tier (tests/test_fused_ops.py), the NPU tier (tests/test_npu_tier.py,
-`pytest -m npu`) and `vllm-npu-ext selfcheck`. A case names an operator family (`OPS`), a
-dtype and its sizes. `OpCase.run(npu, device)`:
+Shared by the emulator tier (tests/ops/test_fused_ops.py), the NPU tier
+(tests/selfcheck/test_npu_tier.py, `pytest -m npu`) and `vllm-npu-ext selfcheck`. A case names
+an operator family (`OPS`), a dtype and its sizes. `OpCase.run(npu, device)`:
 
 1. builds deterministic inputs on the CPU (already rounded to the case dtype);
 2. evaluates the reference there from float32 copies of those inputs and rounds each

@@ -99,7 +99,7 @@ FULL = Plan(
 )
 
 # For CI under the emulator (2 cores): the 0.6B shapes, few tokens, one (eager) engine; the
-# compiled engine is tested by tests/test_graph_mode.py there.
+# compiled engine is tested by tests/model_executor/test_graph_mode.py there.
 QUICK = Plan(
     name="quick",
     models=("0.6b",),

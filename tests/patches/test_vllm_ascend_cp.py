@@ -1,0 +1,271 @@
+"""The vllm-ascend CP merge patch on both CPU stacks, without vllm-ascend on the path.
+
+Here vLLM's CPU platform is current, so vllm-ascend's modules are not imported: the original
+`_npu_attention_update` is taken verbatim from its sdist and run with vLLM's group accessors
+replaced by stand-ins and torch_npu by the emulator (our replacement reads vllm-ascend's own
+buffer layout the same way), and the import hook is exercised on a minimal fake package.
+vllm-ascend's real modules, in gloo ranks with its own pair, run in tests/with_vllm_ascend. The
+sdist is found through VLLM_ASCEND_SDIST, build/sdist, or downloaded from PyPI by
+scripts/check_vllm_ascend_patch.py (sha256-pinned), whose source checks run here too.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from support.scripts import load_script
+
+from vllm_npu_ext import emulator
+from vllm_npu_ext.patches import apply_patches, vllm_ascend_cp
+
+ROOT = Path(__file__).resolve().parents[2]
+check_script = load_script("scripts/check_vllm_ascend_patch.py")
+
+SDIST_CANDIDATES = (ROOT / "build" / "sdist" / check_script.SDIST_NAME,)
+
+
+def find_or_download_sdist() -> Path:
+    configured = os.environ.get("VLLM_ASCEND_SDIST")
+    for candidate in ([Path(configured)] if configured else []) + list(SDIST_CANDIDATES):
+        if candidate.exists():
+            return candidate
+    try:
+        return check_script.download_sdist(ROOT / "build" / "sdist")
+    except OSError as error:
+        pytest.fail(f"vllm-ascend sdist unavailable ({error}); set VLLM_ASCEND_SDIST")
+
+
+@pytest.fixture(scope="module")
+def sources() -> dict[str, str]:
+    return check_script.read_sources(find_or_download_sdist())
+
+
+def original_sources(sources) -> dict[str, str]:
+    return {
+        name: check_script.function_source(sources, vllm_ascend_cp.COMMON_MODULE, name)
+        for name in vllm_ascend_cp.TARGET_SIGNATURES
+    }
+
+
+@dataclass
+class Coordinator:
+    """The part of vLLM's GroupCoordinator that the CP merge uses."""
+
+    world_size: int
+    device_group: object = None
+
+    def all_gather(self, tensor, dim=-1):
+        parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        dist.all_gather(parts, tensor.contiguous(), group=self.device_group)
+        return torch.cat(parts, dim=dim)
+
+
+def load_originals(function_sources: dict[str, str], dcp: Coordinator, pcp: Coordinator):
+    """vllm-ascend's functions, run against our stand-ins for its module globals."""
+    namespace = {
+        "torch": torch,
+        "dist": dist,
+        "torch_npu": emulator,
+        "get_dcp_group": lambda: dcp,
+        "get_pcp_group": lambda: pcp,
+        "get_decode_context_model_parallel_world_size": lambda: dcp.world_size,
+    }
+    for text in function_sources.values():
+        exec(compile(text, vllm_ascend_cp.COMMON_MODULE, "exec"), namespace)
+    return {name: namespace[name] for name in function_sources}
+
+
+def vllm_ascend_buffer(dcp, pcp, bs, heads, head_dim, seed=0):
+    """A gathered buffer in vllm-ascend's `[pcp*bs, dcp*H, D+1]` layout, as it produces it."""
+    generator = torch.Generator().manual_seed(seed)
+    if pcp == 1 and dcp > 1:  # the all_to_all output, permuted (not copied) back
+        received = torch.randn(dcp * heads, head_dim + 1, bs, generator=generator)
+        return received.permute(2, 0, 1)
+    return torch.randn(pcp * bs, dcp * heads, head_dim + 1, generator=generator)
+
+
+@pytest.mark.parametrize(("dcp", "pcp"), [(1, 1), (2, 1), (4, 1), (1, 2), (2, 2), (2, 4)])
+def test_replacement_reproduces_npu_attention_update(sources, monkeypatch, dcp, pcp):
+    coordinators = (Coordinator(dcp), Coordinator(pcp))
+    monkeypatch.setattr(vllm_ascend_cp, "cp_group_coordinators", lambda: coordinators)
+    original = load_originals(original_sources(sources), *coordinators)["_npu_attention_update"]
+    bs, heads, head_dim = 3, 4, 128
+    buffer = vllm_ascend_buffer(dcp, pcp, bs, heads, head_dim, seed=dcp * 10 + pcp)
+    expected = original(head_dim, buffer)
+    ours_layout = vllm_ascend_cp._from_vllm_ascend_layout(buffer, dcp, pcp)
+    assert ours_layout.shape == (dcp * pcp, bs, heads, head_dim + 1)
+    for attn_out_lse in (buffer, ours_layout):
+        result = vllm_ascend_cp.npu_attention_update(head_dim, attn_out_lse)
+        assert result.shape == expected.shape == (bs, heads, head_dim)
+        torch.testing.assert_close(result, expected, atol=1e-6, rtol=1e-6)
+
+
+# --- where and when the patch applies -------------------------------------------------
+
+COMMON_CP = """
+def _process_attn_out_lse(attn_output, softmax_lse):
+    return "original"
+
+
+def _npu_attention_update({params}):
+    return "original"
+"""
+CALLER = """
+from vllm_ascend.attention.context_parallel.common_cp import (
+    _npu_attention_update,
+    _process_attn_out_lse,
+)
+
+
+def forward_decode(attn_out, attn_lse, head_size):
+    attn_out_lse = _process_attn_out_lse(attn_out, attn_lse)
+    return _npu_attention_update(head_size, attn_out_lse)
+"""
+
+
+def write_fake_vllm_ascend(root: Path, update_params="head_size, attn_out_lse") -> None:
+    package = root / "vllm_ascend" / "attention" / "context_parallel"
+    package.mkdir(parents=True)
+    for directory in (package, package.parent, package.parent.parent):
+        (directory / "__init__.py").write_text("")
+    (package / "common_cp.py").write_text(COMMON_CP.format(params=update_params))
+    for name in ("attention_cp", "mla_cp"):
+        (package / f"{name}.py").write_text(textwrap.dedent(CALLER))
+
+
+def _forget_vllm_ascend():
+    for name in [m for m in sys.modules if m == "vllm_ascend" or m.startswith("vllm_ascend.")]:
+        del sys.modules[name]
+
+
+@pytest.fixture
+def fake_vllm_ascend(tmp_path, monkeypatch):
+    """A minimal importable vllm_ascend; the hook and every import are undone afterwards."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv(vllm_ascend_cp.SWITCH, raising=False)
+    importlib.invalidate_caches()
+    yield tmp_path
+    vllm_ascend_cp.uninstall()
+    _forget_vllm_ascend()
+
+
+def import_caller(name="attention_cp"):
+    return importlib.import_module(f"vllm_ascend.attention.context_parallel.{name}")
+
+
+def is_patched(module) -> bool:
+    return module._npu_attention_update is vllm_ascend_cp.npu_attention_update and (
+        module._process_attn_out_lse is vllm_ascend_cp.process_attn_out_lse
+    )
+
+
+def test_without_vllm_ascend_nothing_is_installed():
+    assert importlib.util.find_spec("vllm_ascend") is None
+    assert apply_patches() == []
+    assert not any(isinstance(f, vllm_ascend_cp.PatchOnImport) for f in sys.meta_path)
+
+
+def test_install_adds_only_a_hook_and_imports_nothing(fake_vllm_ascend):
+    write_fake_vllm_ascend(fake_vllm_ascend)
+    before = set(sys.modules)
+    applied = apply_patches()
+    assert len(applied) == 1 and "attention_update" in applied[0]
+    new = set(sys.modules) - before
+    assert not {m for m in new if m.startswith(("vllm_ascend", "torch_npu"))}
+    assert sum(isinstance(f, vllm_ascend_cp.PatchOnImport) for f in sys.meta_path) == 1
+    apply_patches()  # idempotent: still one hook
+    assert sum(isinstance(f, vllm_ascend_cp.PatchOnImport) for f in sys.meta_path) == 1
+
+
+def test_importing_a_cp_caller_patches_it_and_routes_decode_to_our_merge(
+    fake_vllm_ascend, monkeypatch
+):
+    write_fake_vllm_ascend(fake_vllm_ascend)
+    apply_patches()
+    attention_cp, mla_cp = import_caller("attention_cp"), import_caller("mla_cp")
+    common_cp = sys.modules[vllm_ascend_cp.COMMON_MODULE]
+    assert is_patched(attention_cp) and is_patched(mla_cp)
+    assert common_cp._npu_attention_update(1, None) == "original"  # the source is untouched
+    single = (Coordinator(1), Coordinator(1))
+    monkeypatch.setattr(vllm_ascend_cp, "cp_group_coordinators", lambda: single)
+    attn_out, attn_lse = torch.randn(3, 4, 64), torch.randn(3, 4, 1)
+    torch.testing.assert_close(attention_cp.forward_decode(attn_out, attn_lse, 64), attn_out)
+
+
+def test_a_caller_imported_before_install_is_patched_at_install(fake_vllm_ascend):
+    write_fake_vllm_ascend(fake_vllm_ascend)
+    attention_cp = import_caller()
+    assert not is_patched(attention_cp)
+    apply_patches()
+    assert is_patched(attention_cp)
+    vllm_ascend_cp.uninstall()
+    assert attention_cp.forward_decode(None, None, 8) == "original"
+
+
+def test_switch_off_leaves_vllm_ascend_alone(fake_vllm_ascend, monkeypatch):
+    write_fake_vllm_ascend(fake_vllm_ascend)
+    monkeypatch.setenv(vllm_ascend_cp.SWITCH, "0")
+    assert apply_patches() == []
+    assert not is_patched(import_caller())
+
+
+def test_changed_target_is_left_alone_with_a_warning(fake_vllm_ascend, caplog):
+    write_fake_vllm_ascend(fake_vllm_ascend, update_params="head_dim, buffer")
+    apply_patches()
+    with caplog.at_level(logging.WARNING, logger=vllm_ascend_cp.__name__):
+        attention_cp = import_caller()
+    assert not is_patched(attention_cp)
+    assert attention_cp.forward_decode(None, None, 8) == "original"
+    assert any("not applied" in r.message and "head_dim" in r.message for r in caplog.records)
+
+
+# --- the sdist check script ------------------------------------------------------------
+
+
+def test_check_script_passes_on_the_sdist(capsys):
+    assert check_script.main([str(find_or_download_sdist())]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["ok"] and summary["failed"] == {} and summary["checks"] >= 5
+
+
+CALLER_PATH = check_script.module_path(vllm_ascend_cp.CALLER_MODULES[0])
+BACKEND_PATH = "vllm_ascend/attention/attention_v1.py"
+COMMON_IMPORT = (
+    "from vllm_ascend.attention.context_parallel.common_cp import AscendMetadataForDecode"
+)
+MUTATIONS = {
+    "another module uses a target": (
+        BACKEND_PATH,
+        COMMON_IMPORT,
+        COMMON_IMPORT.replace("AscendMetadataForDecode", "_npu_attention_update"),
+    ),
+    "caller imported eagerly": (
+        BACKEND_PATH,
+        COMMON_IMPORT,
+        f"import {vllm_ascend_cp.CALLER_MODULES[0]}\n{COMMON_IMPORT}",
+    ),
+    "pair broken": (
+        CALLER_PATH,
+        "attn_out = _npu_attention_update(self.head_size, attn_out_lse)",
+        "attn_out = _npu_attention_update(self.head_size, attn_out)",
+    ),
+}
+
+
+@pytest.mark.parametrize("mutation", list(MUTATIONS))
+def test_check_script_notices_changed_targets(sources, mutation):
+    path, old, new = MUTATIONS[mutation]
+    assert old in sources[path]
+    changed = {**sources, path: sources[path].replace(old, new)}
+    failed = [name for name, problem in check_script.run_checks(changed).items() if problem]
+    assert failed
