@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import Worker, log  # noqa: E402
 from _embed_report import report  # noqa: E402
 
-from vllm_npu_ext.envs import FUSIONS, MASTER_SWITCH  # noqa: E402
+from vllm_npu_ext.envs import FUSED, FUSIONS  # noqa: E402
 
 WORKER = Path(__file__).resolve().parent / "_embed_worker.py"
 OUR_PACKAGE = "vllm_npu_ext"
@@ -98,7 +98,7 @@ CPU_MATMUL_SIDES = ("plugin-bf16mm", "stock-fp32")
 def ablation_sides() -> list[Side]:
     """The plugin with all fusions off, then with each one off in turn."""
     ours = {"VLLM_PLUGINS": vllm_plugins(True)}
-    variants = [Side("unfused", "vllm", {**ours, MASTER_SWITCH: "0"})]
+    variants = [Side("unfused", "vllm", {**ours, FUSED.name: "0"})]
     variants += [
         Side(f"no-{fusion}", "vllm", {**ours, f"VLLM_NPU_EXT_FUSE_{fusion.upper()}": "0"})
         for fusion in FUSIONS

@@ -97,10 +97,10 @@ def splitting_ops() -> list[str]:
     from vllm.config import CompilationConfig
     from vllm.config.compilation import CompilationMode
 
-    from vllm_npu_ext import compat
+    from vllm_npu_ext import patches
     from vllm_npu_ext.model_executor.layers.cache_free.op import SPLITTING_OP
 
-    compat.add_default_splitting_op(SPLITTING_OP)  # as the plugin's config hook does
+    patches.apply("vllm_splitting_ops", SPLITTING_OP)  # as the plugin's config hook does
     config = CompilationConfig(mode=CompilationMode.VLLM_COMPILE)
     config.set_splitting_ops_for_v1(all2all_backend="naive")
     return [*config.splitting_ops, *VLLM_ASCEND_SPLITTING_OPS]
@@ -159,15 +159,17 @@ def count_compiled(model, tokens: list[int], vllm_config) -> dict:
 
 def _packed_forward(model, tokens: list[int], vllm_config):
     """vLLM's forward context for one packed batch of `tokens`: each attention layer's metadata
-    carries the boundaries, as our cache-free builder leaves them (`compat.PACKED_SEQS_ATTR`)."""
+    carries the boundaries, as our cache-free builder leaves them
+    (`forward_context.PACKED_SEQS_ATTR`)."""
     from types import SimpleNamespace
 
     from vllm.forward_context import set_forward_context
 
-    from vllm_npu_ext import compat
+    from vllm_npu_ext.model_executor import forward_context
     from vllm_npu_ext.ops.packed import PackedSeqs
 
-    metadata = SimpleNamespace(**{compat.PACKED_SEQS_ATTR: PackedSeqs.from_seq_lens(tokens)})
+    seqs = PackedSeqs.from_seq_lens(tokens)
+    metadata = SimpleNamespace(**{forward_context.PACKED_SEQS_ATTR: seqs})
     names = {getattr(m, "layer_name", None) for m in model.modules()} - {None}
     return set_forward_context(dict.fromkeys(names, metadata), vllm_config, num_tokens=sum(tokens))
 
@@ -290,7 +292,8 @@ def main() -> int:
     tokens = [int(t) for t in args.tokens.split(",")]
 
     from vllm_npu_ext import emulator
-    from vllm_npu_ext.envs import FUSIONS, FusionConfig
+    from vllm_npu_ext.envs import FUSIONS
+    from vllm_npu_ext.model_executor.layers.npu_plan import FusionConfig
     from vllm_npu_ext.tiny_model import make_tiny_model
 
     if args.vllm_ascend:
@@ -312,7 +315,7 @@ def main() -> int:
 
     def run(model):
         # The model's own fusions: its attention operator is the one its shapes allow.
-        base = model.model.fusions
+        base = model.model.plan.fusions
         configs = {"all_on": base, "all_off": FusionConfig.all_off()}
         configs.update({f"no_{name}": base.without(name) for name in FUSIONS})
         return {name: count_layer_ops(model, c, tokens) for name, c in configs.items()}

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from support.engines import ENGINE_CONFIGS, EngineRuns, WorkerPool
 
-from vllm_npu_ext.cann_ops.npu_ext_attention_update.host_kernel import build as host_kernel_build
+from vllm_npu_ext import envs
 from vllm_npu_ext.tiny_model import make_tiny_model
 
 ENGINE_CONFIGS_NEEDED = pytest.StashKey[set]()
@@ -75,7 +75,7 @@ def _engine_configs_of(items) -> set[str]:
 def host_kernel_cache(tmp_path_factory):
     """One host build of our AscendC kernel per session, in the session's tmp directory (unless
     VLLM_NPU_EXT_HOST_KERNEL_CACHE is set), shared with the subprocesses tests start."""
-    variable = host_kernel_build.CACHE_VARIABLE
+    variable = envs.HOST_KERNEL_CACHE.name
     with pytest.MonkeyPatch.context() as patch:
         if not os.environ.get(variable):
             patch.setenv(variable, str(tmp_path_factory.mktemp("host_kernel")))

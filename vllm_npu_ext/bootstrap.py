@@ -39,9 +39,6 @@ from vllm_npu_ext.cann_ops import default_vendor_dir
 
 OPP_PATH_VARIABLE = "ASCEND_CUSTOM_OPP_PATH"
 LIBRARY_PATH_VARIABLE = "LD_LIBRARY_PATH"
-SWITCH = "VLLM_NPU_EXT_BOOTSTRAP"
-EMULATE_SWITCH = "VLLM_NPU_EXT_EMULATE"
-OPP_PATH_OVERRIDE = "VLLM_NPU_EXT_OPP_PATH"
 # Where vllm-ascend 0.23 keeps its bundled operators, relative to its package directory
 # (vllm_ascend/utils.py: _CUSTOM_OP_BASE_DIR/_cann_ops_custom/vendors/_CUSTOM_OP_VENDOR_DIR).
 VLLM_ASCEND_VENDOR_SUBDIR = ("_cann_ops_custom", "vendors", "custom_transformer")
@@ -79,7 +76,7 @@ class OurPackage:
     """Where our vendor directory is expected; `usable` only when it exists and is absolute."""
 
     vendor_dir: str
-    source: str  # "VLLM_NPU_EXT_OPP_PATH" or "default"
+    source: str  # envs.OPP_PATH's name or "default"
     problem: str | None
 
     @property
@@ -127,17 +124,17 @@ def our_package() -> OurPackage | None:
     None when the variable is unset and the default install does not exist: then nothing of
     ours is installed and the bootstrap leaves the environment alone.
     """
-    override = envs.get(OPP_PATH_OVERRIDE).strip()
+    override = envs.OPP_PATH()
     if not override:
         default = str(default_vendor_dir())
         return OurPackage(default, "default", None) if os.path.isdir(default) else None
     if not os.path.isabs(override):
-        problem = f"{OPP_PATH_OVERRIDE}={override!r} is relative; set an absolute path"
+        problem = f"{envs.OPP_PATH}={override!r} is relative; set an absolute path"
     elif not os.path.isdir(override):
-        problem = f"{OPP_PATH_OVERRIDE}={override!r} is not a directory"
+        problem = f"{envs.OPP_PATH}={override!r} is not a directory"
     else:
         problem = None
-    return OurPackage(override, OPP_PATH_OVERRIDE, problem)
+    return OurPackage(override, envs.OPP_PATH.name, problem)
 
 
 def vllm_ascend_vendor_dir() -> str | None:
@@ -202,7 +199,7 @@ def apply(*, log: bool = True) -> list[str]:
     any dropped empty or relative entries, and a warning when VLLM_NPU_EXT_OPP_PATH is
     unusable (`vllm-npu-ext doctor` reports these itself and keeps its stdout for the report).
     """
-    if not envs.flag(SWITCH):
+    if not envs.BOOTSTRAP():
         return []
     ours = our_package()
     if ours is not None and not ours.usable:
@@ -257,13 +254,13 @@ def _warn_once(message: str) -> None:
 def platform_plugin() -> None:
     """The `vllm.platform_plugins` entry point: runs `apply()` and claims no platform.
 
-    Under VLLM_NPU_EXT_EMULATE=1 it also installs the torch_npu stand-in
-    (`vllm_npu_ext.emulator.install_stand_in`): vLLM calls platform plugins before it imports
-    the platform class, so vllm-ascend's `NPUPlatform` (which imports torch_npu) finds it.
+    It also applies the patches of that moment (`patches.PLATFORM_PLUGIN`): under
+    VLLM_NPU_EXT_EMULATE=1 the torch_npu stand-in (`vllm_npu_ext.emulator.install_stand_in`).
+    vLLM calls platform plugins before it imports the platform class, so vllm-ascend's
+    `NPUPlatform` (which imports torch_npu) finds it.
     """
-    apply()
-    if envs.flag(EMULATE_SWITCH):
-        from vllm_npu_ext import emulator
+    from vllm_npu_ext import patches
 
-        emulator.install_stand_in()
+    apply()
+    patches.apply_patches(patches.PLATFORM_PLUGIN)
     return None

@@ -20,6 +20,7 @@ Operator names of a vendor directory come from the top-level keys of
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import glob
 import json
 import os
@@ -29,7 +30,7 @@ from collections.abc import Sequence
 from importlib import metadata
 from typing import Any
 
-from vllm_npu_ext import __version__, ascend_stack, bootstrap, envs
+from vllm_npu_ext import __version__, ascend_stack, bootstrap, envs, patches
 from vllm_npu_ext.cann_ops import default_vendor_dir
 
 OPS_INFO_GLOB = os.path.join("op_impl", "ai_core", "tbe", "config", "*", "aic-*-ops-info.json")
@@ -42,7 +43,6 @@ CANN_VERSION_FILES = (
     os.path.join("*-linux", "ascend_toolkit_install.info"),
     os.path.join("compiler", "version.info"),
 )
-ATTENTION_UPDATE_KERNEL = "VLLM_NPU_EXT_ATTENTION_UPDATE_KERNEL"
 
 
 def vendor_ops(vendor_dir: str) -> dict[str, str]:
@@ -154,15 +154,18 @@ def _npu_usable(problems: list[str]) -> bool:
 
 
 def _switches(problems: list[str]) -> dict[str, Any]:
+    from vllm_npu_ext.model_executor.layers.npu_plan import FusionConfig
+    from vllm_npu_ext.ops.attention import OPERATORS
+
     try:
-        config = envs.FusionConfig.from_env()
+        config = FusionConfig.from_env()
     except ValueError as error:
-        problems.append(f"{error}. Fix: set {envs.ATTENTION_OP} to one of {envs.ATTENTION_OPS}.")
+        problems.append(f"{error}. Fix: set {envs.ATTENTION_OP} to one of {OPERATORS}.")
         config = None
     return {
         "fusions": {name: getattr(config, name) if config else None for name in envs.FUSIONS},
         "attention_op": config.attention_op if config else None,
-        "model_override": envs.flag("VLLM_NPU_EXT_MODEL_OVERRIDE"),
+        "model_override": envs.MODEL_OVERRIDE(),
         "variables": envs.describe(),
     }
 
@@ -175,7 +178,7 @@ def _cpu_float32_matmul(npu_usable: bool, problems: list[str]) -> dict[str, Any]
         from vllm_npu_ext.model_executor.layers import cpu_matmul_choice
     except (ImportError, OSError, RuntimeError) as error:
         return {"error": f"not decided: {error}"}
-    cpu_path = not npu_usable and not envs.flag("VLLM_NPU_EXT_EMULATE")
+    cpu_path = not npu_usable and not envs.EMULATE()
     decisions: dict[str, Any] = {}
     for dtype in cpu_matmul_choice.HALF_DTYPES:
         try:
@@ -187,19 +190,42 @@ def _cpu_float32_matmul(npu_usable: bool, problems: list[str]) -> dict[str, Any]
     return decisions
 
 
+def _patch_pins(problems: list[str]) -> list[dict[str, Any]]:
+    """Every source pin of the patch table against what is installed here: a function whose
+    source no pin (and no VLLM_NPU_EXT_ACCEPT_PATCH_SOURCES entry) matches is a problem, as
+    its patch refuses it."""
+    checks = patches.pin_checks()
+    problems.extend(f"{check.message()}." for check in checks if check.refused)
+    return [dataclasses.asdict(check) for check in checks]
+
+
+def _pins_lines(checks: list[dict[str, Any]]) -> list[str]:
+    counts: dict[str, int] = {}
+    for check in checks:
+        counts[check["status"]] = counts.get(check["status"], 0) + 1
+    summary = ", ".join(f"{count} {status}" for status, count in counts.items())
+    lines = [f"patch source pins: {summary or 'none'}"]
+    lines.extend(
+        f"  {check['status']}: {check['target']} ({check['patch']}) {check['detail']}".rstrip()
+        for check in checks
+        if check["status"] not in ("ok", "absent")
+    )
+    return lines
+
+
 def _package(ours: bootstrap.OurPackage | None, problems: list[str]) -> dict[str, Any]:
     if ours is None:
         default = default_vendor_dir()
-        if envs.get(ATTENTION_UPDATE_KERNEL).strip() == "custom":
+        if envs.ATTENTION_UPDATE_KERNEL.raw().strip() == "custom":
             problems.append(
-                f"{ATTENTION_UPDATE_KERNEL}=custom but no custom op package is installed "
+                f"{envs.ATTENTION_UPDATE_KERNEL}=custom but no custom op package is installed "
                 f"(looked in {default}). Fix: build and install cann_ops, or set "
-                f"{bootstrap.OPP_PATH_OVERRIDE} to its vendors/<name> directory."
+                f"{envs.OPP_PATH} to its vendors/<name> directory."
             )
         return {"vendor_dir": None, "source": None, "exists": False, "ops": []}
     if ours.problem:
         problems.append(
-            f"{ours.problem}. Fix: point {bootstrap.OPP_PATH_OVERRIDE} at the vendors/<name> "
+            f"{ours.problem}. Fix: point {envs.OPP_PATH} at the vendors/<name> "
             "directory of an installed package, or unset it."
         )
     ops = sorted(vendor_ops(ours.vendor_dir).values()) if ours.usable else []
@@ -227,7 +253,7 @@ def _ordering_problems(report: dict[str, Any], problems: list[str]) -> None:
     ours = report["custom_op_package"]["vendor_dir"]
     on = report["bootstrap"]["enabled"]
     fix = (
-        f"Fix: set {bootstrap.SWITCH}=1 (ours then comes first in every vLLM process)"
+        f"Fix: set {envs.BOOTSTRAP}=1 (ours then comes first in every vLLM process)"
         if not on
         else f"Fix: put {ours} first in {bootstrap.OPP_PATH_VARIABLE}"
     )
@@ -251,7 +277,7 @@ def collect() -> dict[str, Any]:
     VLLM_NPU_EXT_BOOTSTRAP=0.
     """
     problems: list[str] = []
-    enabled = envs.flag(bootstrap.SWITCH)
+    enabled = envs.BOOTSTRAP()
     dropped = [entry for plan in bootstrap.plan() for entry in plan.dropped] if enabled else []
     changes = bootstrap.apply(log=False)
     ours = bootstrap.our_package()
@@ -268,12 +294,13 @@ def collect() -> dict[str, Any]:
         **_effective_paths(theirs),
         "shadowed_ops": [],
         **_switches(problems),
+        "patch_pins": _patch_pins(problems),
     }
     report["cpu_float32_matmul"] = _cpu_float32_matmul(report["npu_usable"], problems)
     if ours is not None and ours.usable:
         report["shadowed_ops"] = shadowed_ops(report["ascend_custom_opp_path"], ours.vendor_dir)
         _ordering_problems(report, problems)
-    kernel = envs.get(ATTENTION_UPDATE_KERNEL).strip()
+    kernel = envs.ATTENTION_UPDATE_KERNEL.raw().strip()
     ascend_stack.binding_problems(report["binding"], kernel, problems)
     report["problems"] = problems
     return report
@@ -298,7 +325,7 @@ def format_report(report: dict[str, Any]) -> str:
         ascend_stack.binding_line(report["binding"]),
         f"custom op package: {package_line}",
         f"vllm-ascend vendor dir: {report['vllm_ascend_vendor_dir'] or '-'}",
-        f"bootstrap: {'on' if report['bootstrap']['enabled'] else f'off ({bootstrap.SWITCH}=0)'}",
+        f"bootstrap: {'on' if report['bootstrap']['enabled'] else f'off ({envs.BOOTSTRAP}=0)'}",
         *(f"  changed {change}" for change in report["bootstrap"]["changes"]),
         *(f"  dropped {entry!r}" for entry in report["bootstrap"]["dropped_entries"]),
         *_path_lines(report, "ascend_custom_opp_path", bootstrap.OPP_PATH_VARIABLE),
@@ -308,6 +335,7 @@ def format_report(report: dict[str, Any]) -> str:
         f"attention op: {report['attention_op'] or '-'}",
         f"model override: {_on_off(report['model_override'])}",
         _matmul_line(report["cpu_float32_matmul"]),
+        *_pins_lines(report["patch_pins"]),
     ]
     problems = report["problems"]
     lines.append(f"problems: {len(problems) or 'none'}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 # Fusion name -> (fused NPU operator, unfused equivalent), in docs/environment.md's table order.
@@ -37,106 +38,191 @@ FUSIONS: dict[str, tuple[str, str]] = {
     "linear": ("npu_linear for o/gate_up/down (and merged qkv)", "torch.nn.functional.linear"),
 }
 
-MASTER_SWITCH = "VLLM_NPU_EXT_FUSED"
-COMPILE_SWITCH = "VLLM_NPU_EXT_COMPILE"
-KV_CACHE_FREE_SWITCH = "VLLM_NPU_EXT_KV_CACHE_FREE"
-FULL_GRAPH_SWITCH = "VLLM_NPU_EXT_FULL_GRAPH"
-ATTENTION_OP = "VLLM_NPU_EXT_ATTENTION_OP"
-ATTENTION_OPS = ("fused_infer_attention_score", "fusion_attention")
+OFF_VALUES = ("0", "false", "no", "off")
 
-# name -> (default, meaning); documented in docs/environment.md's variable table.
-VARIABLES: dict[str, tuple[str, str]] = {
-    "VLLM_NPU_EXT_MODEL_OVERRIDE": (
-        "1",
-        "0: vLLM's own Qwen3 classes for every run (1: ours for pooling runs)",
-    ),
-    "VLLM_NPU_EXT_GENERATION": (
-        "0",
-        "1: our Qwen3 class for generation too (default: generation runs vLLM's own)",
-    ),
-    "VLLM_NPU_EXT_EMULATE": (
-        "0",
-        "1: every vLLM process installs the torch_npu stand-in (emulated operators, "
-        "torch.npu on the host, hccl as gloo) before the platform resolves, so the NPU path, "
-        "and vllm-ascend's own code where installed, run on the CPU (a functional check; "
-        "nothing is measured)",
-    ),
-    KV_CACHE_FREE_SWITCH: (
-        "1",
-        "1: pooling runs allocate and write no KV cache (prefix caching and chunked prefill "
-        "are then off); 0: keep vLLM's KV cache for pooling",
-    ),
-    FULL_GRAPH_SWITCH: (
-        "1",
-        "0: cache-free pooling on the NPU path splits its graphs at attention (piecewise); 1: "
-        "one graph per forward with attention inside, its sequence lengths updated per replay, "
-        "where FIA takes the model (bfloat16, head_dim 128 or 192)",
-    ),
-    COMPILE_SWITCH: (
-        "1",
-        "0: vLLM does not compile our Qwen3 (eager forward, no graphs; --enforce-eager does the "
-        "same for every model)",
-    ),
-    "VLLM_NPU_EXT_CPU_FLOAT32_MATMUL": (
-        "auto",
-        "CPU platform path, bf16/fp16 models: keep the projection weights in float32 and "
-        "multiply in float32 (auto: on x86 CPUs without native bf16/fp16 matmul, where it is "
-        "about ten times faster; 1: always on the CPU; 0: never)",
-    ),
-    MASTER_SWITCH: ("1", "0: every NPU fusion off (reference PyTorch ops on the NPU)"),
-    **{
-        f"VLLM_NPU_EXT_FUSE_{name.upper()}": ("1", f"0: {unfused} instead of {fused}")
-        for name, (fused, unfused) in FUSIONS.items()
-    },
-    ATTENTION_OP: (
-        "fused_infer_attention_score",
-        "fused attention operator: fused_infer_attention_score or fusion_attention (the other "
-        "one where the chosen one does not take the model's dtype or head_dim)",
-    ),
-    "VLLM_NPU_EXT_ATTENTION_UPDATE_KERNEL": (
-        "auto",
-        "context-parallel merge kernel on NPU: auto (our custom op when loaded, else "
-        "torch_npu.npu_attention_update), custom, or list",
-    ),
-    "VLLM_NPU_EXT_ATTENTION_UPDATE_CONTIGUOUS": (
-        "0",
-        "1: copy the CP merge's strided lse/out views into contiguous tensors before "
-        "torch_npu.npu_attention_update (the list kernel); 0: pass the views, as vllm-ascend does",
-    ),
-    "VLLM_NPU_EXT_CP_PATCH": ("1", "0: leave vllm-ascend's context-parallel decode merge as is"),
-    "VLLM_NPU_EXT_COS_SIN_PATCH": (
-        "1",
-        "0: leave vllm-ascend's per-step cos/sin table update on for our pooling model (it "
-        "does not read them)",
-    ),
-    "VLLM_NPU_EXT_BOOTSTRAP": ("1", "0: do not reorder ASCEND_CUSTOM_OPP_PATH/LD_LIBRARY_PATH"),
-    "VLLM_NPU_EXT_OPP_PATH": (
-        "",
-        "vendor directory of our custom op package (default: the cann_ops build's install)",
-    ),
-    "VLLM_NPU_EXT_HOST_KERNEL_CACHE": (
-        "",
-        "directory of the host (g++) builds of our AscendC kernel that the emulator runs "
-        "(default: $XDG_CACHE_HOME/vllm_npu_ext/host-kernel, else ~/.cache/...)",
-    ),
-    "VLLM_NPU_EXT_TEI_MAX_CLIENT_BATCH_SIZE": (
-        "32",
-        "most inputs one request to the TEI routes (/embed, /rerank, ...) may carry; larger "
-        "batches get TEI's 413 (TEI's --max-client-batch-size, same default)",
-    ),
-    "VLLM_NPU_EXT_SELFCHECK_EMULATE": (
-        "0",
-        "1: `vllm-npu-ext selfcheck` runs on the CPU under the torch_npu emulator (tests "
-        "selfcheck itself; every line says emulated)",
-    ),
+
+def checked_choice(name: str, value: str, choices: Sequence[str]) -> str:
+    """`value` if it is one of `choices`, else ValueError naming the variable (the one check
+    of every variable with choices, as vLLM's `envs.env_with_choices`)."""
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Variable:
+    """One environment variable: its documented default and meaning, and the values it takes
+    (`choices`, empty for free text). Calling it reads the environment now, stripped, and
+    validates a choice (lower-cased first unless `case_sensitive`)."""
+
+    name: str
+    default: str
+    meaning: str
+    choices: tuple[str, ...] = ()
+    case_sensitive: bool = False
+
+    def __str__(self) -> str:
+        return self.name
+
+    def raw(self) -> str:
+        """The value as set, or the documented default."""
+        return os.environ.get(self.name, self.default)
+
+    def __call__(self) -> str:
+        value = self.raw().strip()
+        if not self.choices:
+            return value
+        return checked_choice(self.name, value if self.case_sensitive else value.lower(),
+                              self.choices)  # fmt: skip
+
+
+class Flag(Variable):
+    """A 0/1 switch; anything but 0/false/no/off counts as on."""
+
+    def __call__(self) -> bool:  # type: ignore[override]
+        return self.raw().strip().lower() not in OFF_VALUES
+
+
+class PositiveInt(Variable):
+    """A positive integer."""
+
+    def __call__(self) -> int:  # type: ignore[override]
+        value = self.raw().strip()
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(f"{self.name} must be a positive integer, got {value!r}")
+        return int(value)
+
+
+MODEL_OVERRIDE = Flag(
+    "VLLM_NPU_EXT_MODEL_OVERRIDE", "1",
+    "0: vLLM's own Qwen3 classes for every run (1: ours for pooling runs)",
+)  # fmt: skip
+GENERATION = Flag(
+    "VLLM_NPU_EXT_GENERATION", "0",
+    "1: our Qwen3 class for generation too (default: generation runs vLLM's own)",
+)  # fmt: skip
+EMULATE = Flag(
+    "VLLM_NPU_EXT_EMULATE", "0",
+    "1: every vLLM process installs the torch_npu stand-in (emulated operators, torch.npu on "
+    "the host, hccl as gloo) before the platform resolves, so the NPU path, and vllm-ascend's "
+    "own code where installed, run on the CPU (a functional check; nothing is measured)",
+)  # fmt: skip
+KV_CACHE_FREE = Flag(
+    "VLLM_NPU_EXT_KV_CACHE_FREE", "1",
+    "1: pooling runs allocate and write no KV cache (prefix caching and chunked prefill are "
+    "then off); 0: keep vLLM's KV cache for pooling",
+)  # fmt: skip
+FULL_GRAPH = Flag(
+    "VLLM_NPU_EXT_FULL_GRAPH", "1",
+    "0: cache-free pooling on the NPU path splits its graphs at attention (piecewise); 1: one "
+    "graph per forward with attention inside, its sequence lengths updated per replay, where "
+    "FIA takes the model (bfloat16, head_dim 128 or 192)",
+)  # fmt: skip
+COMPILE = Flag(
+    "VLLM_NPU_EXT_COMPILE", "1",
+    "0: vLLM does not compile our Qwen3 (eager forward, no graphs; --enforce-eager does the "
+    "same for every model)",
+)  # fmt: skip
+CPU_FLOAT32_MATMUL = Variable(
+    "VLLM_NPU_EXT_CPU_FLOAT32_MATMUL", "auto",
+    "CPU platform path, bf16/fp16 models: keep the projection weights in float32 and multiply "
+    "in float32 (auto: on x86 CPUs without native bf16/fp16 matmul, where it is about ten "
+    "times faster; 1: always on the CPU; 0: never)",
+    choices=("auto", "1", "0"),
+)  # fmt: skip
+FUSED = Flag(
+    "VLLM_NPU_EXT_FUSED", "1", "0: every NPU fusion off (reference PyTorch ops on the NPU)"
+)
+FUSE: dict[str, Flag] = {
+    name: Flag(f"VLLM_NPU_EXT_FUSE_{name.upper()}", "1", f"0: {unfused} instead of {fused}")
+    for name, (fused, unfused) in FUSIONS.items()
 }
+ATTENTION_OP = Variable(
+    "VLLM_NPU_EXT_ATTENTION_OP", "fused_infer_attention_score",
+    "fused attention operator: fused_infer_attention_score or fusion_attention (the other one "
+    "where the chosen one does not take the model's dtype or head_dim)",
+)  # fmt: skip  (its choices: ops.attention.OPERATORS, checked by npu_plan.FusionConfig)
+ATTENTION_UPDATE_KERNEL = Variable(
+    "VLLM_NPU_EXT_ATTENTION_UPDATE_KERNEL", "auto",
+    "context-parallel merge kernel on NPU: auto (our custom op when loaded, else "
+    "torch_npu.npu_attention_update), custom, or list; read once, when the CP patch is installed",
+    choices=("auto", "custom", "list"),
+)  # fmt: skip
+ATTENTION_UPDATE_CONTIGUOUS = Flag(
+    "VLLM_NPU_EXT_ATTENTION_UPDATE_CONTIGUOUS", "0",
+    "1: copy the CP merge's strided lse/out views into contiguous tensors before "
+    "torch_npu.npu_attention_update (the list kernel); 0: pass the views, as vllm-ascend does",
+)  # fmt: skip
+CP_PATCH = Flag(
+    "VLLM_NPU_EXT_CP_PATCH", "1", "0: leave vllm-ascend's context-parallel decode merge as is"
+)
+COS_SIN_PATCH = Flag(
+    "VLLM_NPU_EXT_COS_SIN_PATCH", "1",
+    "0: leave vllm-ascend's per-step cos/sin table update on for our pooling model (it does "
+    "not read them)",
+)  # fmt: skip
+ACCEPT_PATCH_SOURCES = Variable(
+    "VLLM_NPU_EXT_ACCEPT_PATCH_SOURCES", "",
+    "comma-separated sha256 hashes (as the refusal's log line and `vllm-npu-ext doctor` print "
+    "them) of vLLM/vllm-ascend function sources a patch was not verified on, to patch them "
+    "anyway once you have checked that the patch still fits",
+)  # fmt: skip
+BOOTSTRAP = Flag(
+    "VLLM_NPU_EXT_BOOTSTRAP", "1", "0: do not reorder ASCEND_CUSTOM_OPP_PATH/LD_LIBRARY_PATH"
+)
+OPP_PATH = Variable(
+    "VLLM_NPU_EXT_OPP_PATH", "",
+    "vendor directory of our custom op package (default: the cann_ops build's install)",
+)  # fmt: skip
+HOST_KERNEL_CACHE = Variable(
+    "VLLM_NPU_EXT_HOST_KERNEL_CACHE", "",
+    "directory of the host (g++) builds of our AscendC kernel that the emulator runs "
+    "(default: $XDG_CACHE_HOME/vllm_npu_ext/host-kernel, else ~/.cache/...)",
+)  # fmt: skip
+TEI_MAX_CLIENT_BATCH_SIZE = PositiveInt(
+    "VLLM_NPU_EXT_TEI_MAX_CLIENT_BATCH_SIZE", "32",
+    "most inputs one request to the TEI routes (/embed, /rerank, ...) may carry; larger "
+    "batches get TEI's 413 (TEI's --max-client-batch-size, same default)",
+)  # fmt: skip
+SELFCHECK_EMULATE = Flag(
+    "VLLM_NPU_EXT_SELFCHECK_EMULATE", "0",
+    "1: `vllm-npu-ext selfcheck` runs on the CPU under the torch_npu emulator (tests selfcheck "
+    "itself; every line says emulated)",
+)  # fmt: skip
+
+# Every variable, documented in docs/environment.md's variable table.
+VARIABLES: dict[str, Variable] = {
+    variable.name: variable
+    for variable in (
+        MODEL_OVERRIDE, GENERATION, EMULATE, KV_CACHE_FREE, FULL_GRAPH, COMPILE,
+        CPU_FLOAT32_MATMUL, FUSED, *FUSE.values(), ATTENTION_OP, ATTENTION_UPDATE_KERNEL,
+        ATTENTION_UPDATE_CONTIGUOUS, CP_PATCH, COS_SIN_PATCH, ACCEPT_PATCH_SOURCES, BOOTSTRAP,
+        OPP_PATH, HOST_KERNEL_CACHE, TEI_MAX_CLIENT_BATCH_SIZE, SELFCHECK_EMULATE,
+    )
+}
+# Names the fusion code reads through `get`/`flag` (kept while it moves to the model).
+MASTER_SWITCH = FUSED.name
+COMPILE_SWITCH = COMPILE.name
+KV_CACHE_FREE_SWITCH = KV_CACHE_FREE.name
+FULL_GRAPH_SWITCH = FULL_GRAPH.name
 
 
-def get(name: str) -> str:
-    """The variable's value, or its documented default."""
-    if name not in VARIABLES:
-        raise ValueError(f"unknown vllm-npu-ext environment variable: {name!r}")
-    return os.environ.get(name, VARIABLES[name][0])
+def variable(name: str | Variable) -> Variable:
+    """The variable called `name`; ValueError for a name the package does not read."""
+    found = VARIABLES.get(str(name))
+    if found is None:
+        raise ValueError(f"unknown vllm-npu-ext environment variable: {str(name)!r}")
+    return found
+
+
+def get(name: str | Variable) -> str:
+    """The variable's value as set, or its documented default."""
+    return variable(name).raw()
+
+
+def flag(name: str | Variable) -> bool:
+    """A 0/1 switch read by name (`Flag`)."""
+    return get(name).strip().lower() not in OFF_VALUES
 
 
 def cache_dir() -> Path:
@@ -146,51 +232,9 @@ def cache_dir() -> Path:
     return Path(base) / "vllm_npu_ext"
 
 
-def flag(name: str) -> bool:
-    """A 0/1 switch; anything but 0/false/no/off counts as on."""
-    return get(name).strip().lower() not in ("0", "false", "no", "off")
-
-
-@dataclasses.dataclass(frozen=True)
-class FusionConfig:
-    """Which NPU fusions are on. Built once per model from the environment."""
-
-    attention: bool = True
-    rms_norm: bool = True
-    add_rms_norm: bool = True
-    rotary: bool = True
-    qk_norm_rope: bool = True
-    swiglu: bool = True
-    grouped_qkv: bool = True
-    linear: bool = True
-    attention_op: str = "fused_infer_attention_score"
-
-    @classmethod
-    def from_env(cls) -> FusionConfig:
-        master = flag(MASTER_SWITCH)
-        switches = {name: master and flag(f"VLLM_NPU_EXT_FUSE_{name.upper()}") for name in FUSIONS}
-        attention_op = get(ATTENTION_OP).strip()
-        if attention_op not in ATTENTION_OPS:
-            raise ValueError(f"{ATTENTION_OP} must be one of {ATTENTION_OPS}, got {attention_op!r}")
-        return cls(**switches, attention_op=attention_op)
-
-    @classmethod
-    def all_off(cls) -> FusionConfig:
-        return cls(**{name: False for name in FUSIONS})
-
-    def without(self, fusion: str) -> FusionConfig:
-        """This configuration with one fusion switched off."""
-        if fusion not in FUSIONS:
-            raise ValueError(f"fusion must be one of {tuple(FUSIONS)}, got {fusion!r}")
-        return dataclasses.replace(self, **{fusion: False})
-
-    def active(self) -> list[str]:
-        return [name for name in FUSIONS if getattr(self, name)]
-
-
 def describe() -> dict[str, dict[str, str]]:
     """Every variable with its effective value and whether it is set explicitly."""
     return {
-        name: {"value": get(name), "default": default, "set": str(name in os.environ).lower()}
-        for name, (default, _) in VARIABLES.items()
+        name: {"value": var.raw(), "default": var.default, "set": str(name in os.environ).lower()}
+        for name, var in VARIABLES.items()
     }

@@ -1,4 +1,4 @@
-"""vLLM 0.23's CPU backend: cache-free causal layers on its batched kernel (`compat.ScratchKV`).
+"""vLLM 0.23's CPU backend: cache-free causal layers on its batched kernel (`ScratchKV`).
 
 0.23 runs encoder-only layers through SDPA, one call per request; the cache-free builder gives
 each step a scratch K/V buffer so that they run the kernel stock vLLM's decoder layers use.
@@ -17,9 +17,9 @@ import torch.nn.functional as F
 from vllm.v1.attention.backend import AttentionType
 from vllm.v1.attention.backends import cpu_attn
 
-from vllm_npu_ext import compat
+from vllm_npu_ext.model_executor.layers import cpu_causal_attention as causal
 
-VLLM_0_23_CPU = compat.needs_causal_impl(cpu_attn.CPUAttentionBackendImpl)
+VLLM_0_23_CPU = causal.needs_causal_impl(cpu_attn.CPUAttentionBackendImpl)
 # Only vLLM 0.23's CPU backend runs encoder-only layers through SDPA (0.32's kernel takes
 # metadata.causal: no scratch buffer, test_the_scratch_path_is_0_23s_only): the rest of this
 # module runs on the .venv-ascend stack and is deselected on the other (tests/conftest.py).
@@ -31,7 +31,7 @@ DTYPE = torch.float32
 
 def test_the_scratch_path_is_0_23s_only():
     """0.23: a subclass whose SDPA path takes the scratch buffer; 0.32: vLLM's class unchanged."""
-    impl_cls = compat.causal_impl_cls(cpu_attn.CPUAttentionBackendImpl)
+    impl_cls = causal.causal_impl_cls(cpu_attn.CPUAttentionBackendImpl)
     import vllm
 
     assert vllm.__version__.startswith("0.23") == VLLM_0_23_CPU
@@ -67,7 +67,7 @@ def make_metadata(builder, lens: list[int], seq_lens: list[int] | None = None):
 
 
 def make_impl():
-    impl_cls = compat.causal_impl_cls(cpu_attn.CPUAttentionBackendImpl)
+    impl_cls = causal.causal_impl_cls(cpu_attn.CPUAttentionBackendImpl)
     return impl_cls(
         HEADS, HEAD_DIM, HEAD_DIM**-0.5, KV_HEADS, None, None, "auto",
         attn_type=AttentionType.ENCODER_ONLY,
@@ -91,7 +91,7 @@ def run_step(impl, builder, lens: list[int], seed: int):
     query = torch.randn(tokens, HEADS, HEAD_DIM, generator=generator, dtype=DTYPE)
     key, value = (torch.randn(tokens, KV_HEADS, HEAD_DIM, generator=generator) for _ in range(2))
     metadata = make_metadata(builder, lens)
-    compat.attach_scratch_kv(builder, metadata)
+    causal.attach_scratch_kv(builder, metadata)
     output = torch.empty_like(query)
     impl._run_sdpa_forward(query, key, value, output, metadata, AttentionType.ENCODER_ONLY)
     return metadata, output, reference(query, key, value, lens)
@@ -105,7 +105,7 @@ def test_kernel_path_is_causal_per_request_across_steps(block_size):
     # steps that reuse the buffer with other boundaries: nothing leaks between requests.
     for seed, lens in enumerate([[1, 31, 32, 33, 100], [7], [64, 3, 65], [200, 1]]):
         metadata, output, expected = run_step(impl, builder, lens, seed)
-        scratch = getattr(metadata, compat.SCRATCH_KV_ATTR)
+        scratch = getattr(metadata, causal.SCRATCH_KV_ATTR)
         assert scratch.slot_mapping.shape == (sum(lens),)
         torch.testing.assert_close(output, expected, atol=2e-5, rtol=1e-4)
 
@@ -113,25 +113,25 @@ def test_kernel_path_is_causal_per_request_across_steps(block_size):
 @only_0_23
 def test_scratch_buffer_kept_and_grown_by_the_builder():
     builder = make_builder()
-    small = getattr(run_step(make_impl(), builder, [5, 6], 0)[0], compat.SCRATCH_KV_ATTR)
-    buffer = getattr(builder, compat._SCRATCH_BUFFER_ATTR)
-    again = getattr(run_step(make_impl(), builder, [3], 1)[0], compat.SCRATCH_KV_ATTR)
-    assert getattr(builder, compat._SCRATCH_BUFFER_ATTR) is buffer  # reused, no new memory
+    small = getattr(run_step(make_impl(), builder, [5, 6], 0)[0], causal.SCRATCH_KV_ATTR)
+    buffer = getattr(builder, causal._SCRATCH_BUFFER_ATTR)
+    again = getattr(run_step(make_impl(), builder, [3], 1)[0], causal.SCRATCH_KV_ATTR)
+    assert getattr(builder, causal._SCRATCH_BUFFER_ATTR) is buffer  # reused, no new memory
     assert again.key_cache.data_ptr() == small.key_cache.data_ptr()
     run_step(make_impl(), builder, [300, 300], 2)
-    assert getattr(builder, compat._SCRATCH_BUFFER_ATTR).shape[0] >= 2 * 300 // 32
+    assert getattr(builder, causal._SCRATCH_BUFFER_ATTR).shape[0] >= 2 * 300 // 32
 
 
 @only_0_23
 def test_steps_the_kernel_cannot_serve_keep_sdpa():
     builder = make_builder()
     prefixed = make_metadata(builder, [4, 5], seq_lens=[4, 9])  # a cached or earlier prefix
-    compat.attach_scratch_kv(builder, prefixed)
-    assert not hasattr(prefixed, compat.SCRATCH_KV_ATTR)
+    causal.attach_scratch_kv(builder, prefixed)
+    assert not hasattr(prefixed, causal.SCRATCH_KV_ATTR)
     builder.vllm_config.cache_config.cache_dtype = "fp8"
     quantised = make_metadata(builder, [4, 5])
-    compat.attach_scratch_kv(builder, quantised)
-    assert not hasattr(quantised, compat.SCRATCH_KV_ATTR)
+    causal.attach_scratch_kv(builder, quantised)
+    assert not hasattr(quantised, causal.SCRATCH_KV_ATTR)
 
 
 @only_0_23

@@ -176,13 +176,14 @@ def test_start_up_check_refuses_vllm_ascend_profiling_chunks():
 
 def test_attention_op_reads_sequence_boundaries_at_run_time(monkeypatch):
     """Compiled once, the op still follows each batch's boundaries (none are baked in)."""
-    from vllm_npu_ext import compat, emulator
+    from vllm_npu_ext import emulator
+    from vllm_npu_ext.model_executor import forward_context
 
     torch.manual_seed(0)
     q, k, v = torch.randn(9, 4, 16), torch.randn(9, 2, 16), torch.randn(9, 2, 16)
     batches = [PackedSeqs.from_seq_lens([4, 5]), PackedSeqs.from_seq_lens([2, 3, 4])]
     current = []
-    monkeypatch.setattr(compat, "packed_seqs_for_layer", lambda name, tokens: current[-1])
+    monkeypatch.setattr(forward_context, "packed_seqs_for_layer", lambda name, tokens: current[-1])
 
     def layer(q, k, v):
         return cache_free_op.cache_free_attention(
@@ -205,10 +206,11 @@ def test_attention_op_schema_and_fake_kernel(monkeypatch):
 
     The op reads the batch's boundaries from vLLM's forward context when it runs; opcheck runs
     it outside one, so the boundaries are given here (two sequences of 2 and 3 tokens)."""
-    from vllm_npu_ext import compat
+    from vllm_npu_ext.model_executor import forward_context
 
     monkeypatch.setattr(
-        compat, "packed_seqs_for_layer", lambda name, tokens: PackedSeqs.from_seq_lens([2, 3])
+        forward_context, "packed_seqs_for_layer",
+        lambda name, tokens: PackedSeqs.from_seq_lens([2, 3]),
     )
     torch.manual_seed(0)
     q, k = torch.randn(5, 4, 16), torch.randn(5, 2, 16)

@@ -25,8 +25,9 @@ import torch
 import torch.distributed as dist
 from support.scripts import load_script
 
-from vllm_npu_ext import emulator
-from vllm_npu_ext.patches import apply_patches, vllm_ascend_cp
+from vllm_npu_ext import emulator, envs, patches
+from vllm_npu_ext.logger import get_logger
+from vllm_npu_ext.patches import apply_patches, pins, vllm_ascend_cp
 
 ROOT = Path(__file__).resolve().parents[2]
 check_script = load_script("scripts/check_vllm_ascend_patch.py")
@@ -133,6 +134,11 @@ def forward_decode(attn_out, attn_lse, head_size):
 """
 
 
+def fake_source_hashes(update_params="head_size, attn_out_lse") -> list[str]:
+    source = COMMON_CP.format(params=update_params)
+    return [pins.source_hash_in_module(source, name) for name in vllm_ascend_cp.REPLACEMENTS]
+
+
 def write_fake_vllm_ascend(root: Path, update_params="head_size, attn_out_lse") -> None:
     package = root / "vllm_ascend" / "attention" / "context_parallel"
     package.mkdir(parents=True)
@@ -152,7 +158,9 @@ def _forget_vllm_ascend():
 def fake_vllm_ascend(tmp_path, monkeypatch):
     """A minimal importable vllm_ascend; the hook and every import are undone afterwards."""
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delenv(vllm_ascend_cp.SWITCH, raising=False)
+    monkeypatch.delenv(envs.CP_PATCH.name, raising=False)
+    # The fake's functions are not vllm-ascend's: accepted knowingly, as a user would.
+    monkeypatch.setenv(envs.ACCEPT_PATCH_SOURCES.name, ",".join(fake_source_hashes()))
     importlib.invalidate_caches()
     yield tmp_path
     vllm_ascend_cp.uninstall()
@@ -214,7 +222,7 @@ def test_a_caller_imported_before_install_is_patched_at_install(fake_vllm_ascend
 
 def test_switch_off_leaves_vllm_ascend_alone(fake_vllm_ascend, monkeypatch):
     write_fake_vllm_ascend(fake_vllm_ascend)
-    monkeypatch.setenv(vllm_ascend_cp.SWITCH, "0")
+    monkeypatch.setenv(envs.CP_PATCH.name, "0")
     assert apply_patches() == []
     assert not is_patched(import_caller())
 
@@ -269,3 +277,23 @@ def test_check_script_notices_changed_targets(sources, mutation):
     changed = {**sources, path: sources[path].replace(old, new)}
     failed = [name for name, problem in check_script.run_checks(changed).items() if problem]
     assert failed
+
+
+def test_a_target_whose_source_is_not_pinned_is_refused(fake_vllm_ascend, monkeypatch, caplog):
+    """Fail closed: a caller whose pair is not the source the patch was verified on (and not
+    accepted) stays vllm-ascend's, and the warning names the function and the variable."""
+    monkeypatch.delenv(envs.ACCEPT_PATCH_SOURCES.name)
+    write_fake_vllm_ascend(fake_vllm_ascend)
+    apply_patches()
+    # vLLM's logging configuration, once applied, neither propagates nor keeps child handlers
+    logger = get_logger(patches.__name__)
+    logger.addHandler(caplog.handler)
+    try:
+        attention_cp = import_caller()
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert not is_patched(attention_cp)
+    assert attention_cp.forward_decode(None, None, 8) == "original"
+    refused = [r.getMessage() for r in caplog.records if "not applied" in r.getMessage()]
+    assert any(f"{vllm_ascend_cp.COMMON_MODULE}:_process_attn_out_lse" in m for m in refused)
+    assert all(envs.ACCEPT_PATCH_SOURCES.name in m for m in refused)

@@ -9,6 +9,7 @@ from vllm import ModelRegistry
 from vllm.model_executor.models import qwen3 as vllm_qwen3
 
 import vllm_npu_ext
+from vllm_npu_ext import envs
 from vllm_npu_ext.model_executor.models import qwen3 as our_qwen3
 from vllm_npu_ext.patches import vllm_model_registry
 
@@ -16,7 +17,7 @@ from vllm_npu_ext.patches import vllm_model_registry
 @pytest.fixture
 def registry(monkeypatch):
     """The registry with our wrappers installed; restored afterwards."""
-    monkeypatch.delenv(vllm_model_registry.GENERATION_SWITCH, raising=False)
+    monkeypatch.delenv(envs.GENERATION.name, raising=False)
     monkeypatch.delenv("VLLM_NPU_EXT_KV_CACHE_FREE", raising=False)
     vllm_model_registry.install(vllm_npu_ext.model_registrations())
     yield ModelRegistry
@@ -44,7 +45,7 @@ def test_pooling_runs_resolve_to_our_class_and_generation_to_vllms(registry, run
 
 
 def test_generation_opt_in_resolves_to_our_class(registry, monkeypatch):
-    monkeypatch.setenv(vllm_model_registry.GENERATION_SWITCH, "1")
+    monkeypatch.setenv(envs.GENERATION.name, "1")
     model_cls, _ = registry.resolve_model_cls(["Qwen3ForCausalLM"], model_config("generate"))
     assert model_cls is our_qwen3.Qwen3ForCausalLM
     # The runner is chosen from vLLM's own class, as without the plugin.
@@ -79,7 +80,7 @@ def test_emulate_switch_installs_the_emulator_in_register(monkeypatch, caplog):
     monkeypatch.setattr(vllm_npu_ext, "_registered_in_pid", None)
     for name in ("VLLM_NPU_EXT_MODEL_OVERRIDE", "VLLM_NPU_EXT_CP_PATCH", "VLLM_NPU_EXT_BOOTSTRAP"):
         monkeypatch.setenv(name, "0")
-    monkeypatch.setenv(vllm_npu_ext.EMULATE_SWITCH, "1")
+    monkeypatch.setenv(envs.EMULATE.name, "1")
     assert sys.modules.get("torch_npu") is not emulator
     vllm_npu_ext.register()
     try:

@@ -13,7 +13,7 @@ import pytest
 import torch
 from support.host_kernel import without_compiler
 
-from vllm_npu_ext import bootstrap, emulator, selfcheck
+from vllm_npu_ext import bootstrap, emulator, envs, selfcheck
 from vllm_npu_ext.ops import dispatch
 from vllm_npu_ext.selfcheck.parity import compare
 from vllm_npu_ext.selfcheck.target import Target
@@ -32,7 +32,7 @@ def _selfcheck_command(*args: str) -> list[str]:
 
 
 def _env_without_emulation() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k != selfcheck.EMULATE_SWITCH}
+    return {k: v for k, v in os.environ.items() if k != envs.SELFCHECK_EMULATE.name}
 
 
 @pytest.fixture
@@ -44,7 +44,7 @@ def run_in_process(monkeypatch, capsys, tmp_path):
             monkeypatch.setenv(name, os.environ[name])
         else:
             monkeypatch.delenv(name, raising=False)
-    monkeypatch.delenv(selfcheck.EMULATE_SWITCH, raising=False)
+    monkeypatch.delenv(envs.SELFCHECK_EMULATE.name, raising=False)
 
     def run(*args: str) -> tuple[int, str]:
         code = selfcheck.main(["--workdir", str(tmp_path), *args])
@@ -56,7 +56,7 @@ def run_in_process(monkeypatch, capsys, tmp_path):
 @pytest.mark.slow
 def test_every_part_passes_under_the_emulator_and_every_line_says_so(tmp_path):
     """The whole command, as CI runs it: ops, the tiny model in a vLLM engine, bench, doctor."""
-    env = {**_env_without_emulation(), selfcheck.EMULATE_SWITCH: "1"}
+    env = {**_env_without_emulation(), envs.SELFCHECK_EMULATE.name: "1"}
     done = subprocess.run(
         _selfcheck_command("--quick", "--workdir", str(tmp_path)),
         capture_output=True, text=True, env=env, timeout=600,

@@ -282,7 +282,7 @@ def test_our_builder_does_none_of_it_and_packs_the_batch(vllm_config, layer, bat
     from vllm.forward_context import set_forward_context
     from vllm_ascend.attention.attention_v1 import AscendAttentionState, AscendMetadata
 
-    from vllm_npu_ext import compat
+    from vllm_npu_ext.model_executor import forward_context
 
     query_lens, num_tokens_padded, dummy_request = BATCHES[batch]
     runner, _ = runner_for(vllm_config, layer.get_attn_backend())
@@ -291,11 +291,11 @@ def test_our_builder_does_none_of_it_and_packs_the_batch(vllm_config, layer, bat
     assert counts == Counts()  # no mask, no pin
 
     metadata = step.attn_metadata[LAYER]
-    seqs = getattr(metadata, compat.PACKED_SEQS_ATTR)
+    seqs = getattr(metadata, forward_context.PACKED_SEQS_ATTR)
     cu = [0, 5, 8, 15]
     assert list(seqs.cu_seqlens) == (cu + [16] if dummy_request else cu)
     with set_forward_context(step.attn_metadata, vllm_config, num_tokens=step.num_input_tokens):
-        layer_seqs = compat.packed_seqs_for_layer(LAYER, step.num_input_tokens)
+        layer_seqs = forward_context.packed_seqs_for_layer(LAYER, step.num_input_tokens)
     # The padding rows form one sequence of their own, whoever added it.
     expected = cu + [16] if num_tokens_padded else cu
     assert list(layer_seqs.cu_seqlens) == expected
@@ -331,17 +331,17 @@ def test_the_choice_follows_the_models_npu_path_test(vllm_ascend_started):
 def test_boundaries_are_read_only_from_metadata_our_builder_filled(vllm_config):
     """One sequence only for vLLM's dummy batches (no attention metadata at all); a forward
     whose metadata lacks this layer's boundaries, or no forward context, is an error: one
-    sequence there would attend across requests (compat.packed_seqs_for_layer)."""
+    sequence there would attend across requests (forward_context.packed_seqs_for_layer)."""
     from vllm.forward_context import set_forward_context
 
-    from vllm_npu_ext import compat
+    from vllm_npu_ext.model_executor import forward_context
 
     with set_forward_context(None, vllm_config, num_tokens=8):
-        assert compat.packed_seqs_for_layer(LAYER, 8).cu_seqlens == (0, 8)
+        assert forward_context.packed_seqs_for_layer(LAYER, 8).cu_seqlens == (0, 8)
     other_only = {"model.layers.1.self_attn.attn": SimpleNamespace()}
     with set_forward_context(other_only, vllm_config, num_tokens=8), pytest.raises(
         RuntimeError, match="none with sequence boundaries for " + LAYER
     ):
-        compat.packed_seqs_for_layer(LAYER, 8)
+        forward_context.packed_seqs_for_layer(LAYER, 8)
     with pytest.raises(RuntimeError, match="outside a vLLM forward context"):
-        compat.packed_seqs_for_layer(LAYER, 8)
+        forward_context.packed_seqs_for_layer(LAYER, 8)

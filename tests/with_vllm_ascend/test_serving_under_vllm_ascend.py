@@ -541,7 +541,7 @@ def test_one_graph_per_forward_batches_of_unequal_texts_match_hugging_face_per_t
 ):
     """The real path: vllm-ascend's runner in default graph mode, our model's forward looking
     up each step's boundaries in the forward context after the compiled model returns
-    (compat.packed_seqs_for_layer) and updating every layer's captured FIA. A batch of five
+    (forward_context.packed_seqs_for_layer) and updating every layer's captured FIA. A batch of five
     texts of unequal lengths in one replay, each within the derived bound of Hugging Face;
     the same engine with the update giving each FIA the boundaries of its capture (one
     sequence: `--stale-update`) fails that bound for every text but the first, whose

@@ -31,7 +31,6 @@ from vllm_npu_ext.entrypoints.tei_protocol import TeiError, TeiLimits
 from vllm_npu_ext.logger import get_logger
 from vllm_npu_ext.tiny_model import ST_CONFIG
 
-BATCH_SIZE_VARIABLE = "VLLM_NPU_EXT_TEI_MAX_CLIENT_BATCH_SIZE"
 # Pooling types as TEI's /info names them (`text_embeddings_backend::Pool`).
 POOLING_NAMES = {"LAST": "last_token", "CLS": "cls", "MEAN": "mean"}
 # Tokens a truncated rerank document gives up besides what the prompt needs: the prompt's
@@ -115,7 +114,7 @@ class _Server:
         self.scheduler_config = vllm_config.scheduler_config
         self.reranker = _is_classifier(self.model_config)
         self.limits = TeiLimits(
-            max_client_batch_size=_max_client_batch_size(),
+            max_client_batch_size=envs.TEI_MAX_CLIENT_BATCH_SIZE(),
             max_input_length=self.model_config.max_model_len,
             prompts=_sentence_transformers_prompts(self.model_config),
         )
@@ -269,13 +268,6 @@ def _is_classifier(model_config) -> bool:
     architectures = getattr(model_config, "architectures", None)
     architectures = architectures or getattr(model_config.hf_config, "architectures", None) or []
     return any(name.endswith("Classification") for name in architectures)
-
-
-def _max_client_batch_size() -> int:
-    value = envs.get(BATCH_SIZE_VARIABLE).strip()
-    if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"{BATCH_SIZE_VARIABLE} must be a positive integer, got {value!r}")
-    return int(value)
 
 
 def _sentence_transformers_prompts(model_config) -> dict[str, str] | None:

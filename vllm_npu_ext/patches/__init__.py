@@ -1,21 +1,243 @@
-"""Patches of other packages, one small module each.
+"""Every change this package makes to another package's state, in one table.
 
-`apply_patches()` runs from `register()` in every vLLM process. It stays cheap and safe
-there: a patch module checks with `importlib.util.find_spec` that its target package is
-installed before importing anything of it, and each one has its own off switch.
+`PATCHES` below is that table, in the form of vllm-ascend's `vllm_ascend/patch/__init__.py`:
+for each patch the module that holds it, its target, why, how, the switch that turns it off,
+when it applies, and when to remove it. `apply(name)` is the one way a patch is applied: it
+checks the switch and the source pins, then calls the patch's install function; nothing else
+installs a patch. Each patch module says in its docstring what it replaces in detail.
 
-- `vllm_ascend_cp`: vllm-ascend's context-parallel decode merge -> our tensor-input
-  AttentionUpdate (VLLM_NPU_EXT_CP_PATCH).
-- `vllm_ascend_cos_sin`: vllm-ascend's per-step cos/sin tables, stopped for our pooling model,
-  which does not read them (VLLM_NPU_EXT_COS_SIN_PATCH); applied by the model when it is built,
-  not here.
+Pins (`pins.py`): for every vLLM or vllm-ascend function a patch replaces, wraps or relies on,
+the sha256 of its source on each version it was verified on. A source that matches none is
+not patched (fail closed): a warning names the function and what to do, and
+`vllm-npu-ext doctor` reports it and exits 1. VLLM_NPU_EXT_ACCEPT_PATCH_SOURCES accepts a new
+source knowingly. Patches whose target is imported later check their pins themselves when
+they patch (`verified_by_patch`); `apply` checks the others before installing.
+
+The table imports nothing: `register()` and the platform plugin read it in every process.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
+from collections.abc import Mapping
 
-def apply_patches() -> list[str]:
-    """Apply (or arrange) every patch; returns one line per patch applied."""
-    from vllm_npu_ext.patches import vllm_ascend_cp
+from vllm_npu_ext import envs
+from vllm_npu_ext.patches import pins
 
-    return vllm_ascend_cp.install()
+# When a patch applies: the caller of `apply` for it.
+PLATFORM_PLUGIN = "platform plugin and register(), before the platform resolves"
+MODEL_CLASSES = "register(), with our model classes"
+REGISTER = "register()"
+GRAPH_CONFIG = "vLLM's config of a cache-free pooling run, by our graph-mode hook"
+MODEL_BUILD = "when our cache-free model is built"
+
+VLLM_0_23 = "vLLM 0.23.0"
+VLLM_0_32 = "vLLM 0.32.0"
+VLLM_ASCEND_0_23 = "vllm-ascend 0.23.0.post1"
+_REGISTRY = "vllm.model_executor.models.registry:_ModelRegistry"
+_COMMON_CP = "vllm_ascend.attention.context_parallel.common_cp"
+
+
+@dataclasses.dataclass(frozen=True)
+class Patch:
+    """One row of the table. `install` is "module:function" (imported only when applied)."""
+
+    name: str
+    target: str
+    why: str
+    how: str
+    switch: envs.Flag | None
+    when: str
+    remove_when: str
+    install: str
+    pins: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
+    verified_by_patch: bool = False
+    uninstall: str | None = None
+
+
+PATCHES: dict[str, Patch] = {patch.name: patch for patch in (
+    Patch(
+        name="torch_npu_stand_in",
+        target="sys.modules['torch_npu'], torch.npu, torch.distributed's hccl backend",
+        why="run the NPU path, and vllm-ascend's own code, on a CPU (tests, CI, selfcheck)",
+        how="vllm_npu_ext.emulator.install_stand_in: the emulated torch_npu, before anything "
+            "imports the real one",
+        switch=envs.EMULATE,
+        when=PLATFORM_PLUGIN,
+        remove_when="never: a test device, off unless VLLM_NPU_EXT_EMULATE=1",
+        install="vllm_npu_ext.emulator:install_stand_in",
+    ),
+    Patch(
+        name="vllm_environment",
+        target="vllm.envs.environment_variables",
+        why="vLLM warns about every VLLM_* variable it does not know, ours included",
+        how="a getter for each of our variables, where vLLM has none (vllm_environment.py)",
+        switch=None,
+        when=REGISTER,
+        remove_when="vLLM gives plugins a way to declare their variables (none in 0.32)",
+        install="vllm_npu_ext.patches.vllm_environment:declare",
+    ),
+    Patch(
+        name="vllm_model_registry",
+        target=f"{_REGISTRY}.resolve_model_cls and .inspect_model_cls",
+        why="Qwen3 pooling runs get our classes while generation keeps vLLM's own Qwen3",
+        how="register our classes under names of their own and wrap both methods to "
+            "substitute those names for pooling runs (vllm_model_registry.py)",
+        switch=envs.MODEL_OVERRIDE,
+        when=MODEL_CLASSES,
+        remove_when="vLLM lets a plugin register a class for one runner only",
+        install="vllm_npu_ext.patches.vllm_model_registry:install_ours",
+        uninstall="vllm_npu_ext.patches.vllm_model_registry:uninstall",
+        pins={
+            f"{_REGISTRY}.resolve_model_cls": {
+                VLLM_0_23: "d16237985322c5226da4d6df4c19c8737f565920a3978bbd0f21b794cff33974",
+                VLLM_0_32: "d16237985322c5226da4d6df4c19c8737f565920a3978bbd0f21b794cff33974",
+            },
+            f"{_REGISTRY}.inspect_model_cls": {
+                VLLM_0_23: "5bdf403809229830a9e493d1f1ea0b8a9e4f0dd8afa6d5c5e104891c886cae2f",
+                VLLM_0_32: "0ed899fca7f795888a52c382baea8f1052b37b78e419bc19d87a9916ba48d11d",
+            },
+        },
+    ),
+    Patch(
+        name="vllm_config_hooks",
+        target="vllm.model_executor.models.config.MODELS_CONFIG_MAP['Qwen3ForCausalLM'] and "
+               "['Qwen3ForSequenceClassification']",
+        why="cache-free pooling needs graph modes that update or split around its attention",
+        how="our graph-mode hooks (models/qwen3_config.py) take the entries, calling the "
+            "entry they replaced first (vllm_config_hooks.py)",
+        switch=envs.MODEL_OVERRIDE,
+        when=MODEL_CLASSES,
+        remove_when="vLLM lets a model class adjust the compilation config itself",
+        install="vllm_npu_ext.model_executor.models.qwen3_config:install",
+        pins={
+            "vllm.model_executor.models.config:Qwen3ForSequenceClassificationConfig"
+            ".verify_and_update_model_config": {
+                VLLM_0_23: "ae1e17013de31f50f571ac7b601d9582ad791672638db1ee8c6508bbb677a01b",
+                VLLM_0_32: "ae1e17013de31f50f571ac7b601d9582ad791672638db1ee8c6508bbb677a01b",
+            },
+        },
+    ),
+    Patch(
+        name="vllm_splitting_ops",
+        target="vllm.config.compilation.CompilationConfig._attention_ops",
+        why="piecewise graphs must split at our cache-free attention op where attention "
+            "cannot be captured (vLLM copies this list when splitting_ops is unset)",
+        how="add or remove our op in the class-level default list (vllm_splitting_ops.py)",
+        switch=None,
+        when=GRAPH_CONFIG,
+        remove_when="vLLM lets a model declare its splitting ops",
+        install="vllm_npu_ext.patches.vllm_splitting_ops:add",
+        uninstall="vllm_npu_ext.patches.vllm_splitting_ops:remove",
+    ),
+    Patch(
+        name="vllm_ascend_cp",
+        target=f"{_COMMON_CP}._process_attn_out_lse and ._npu_attention_update, as "
+               "attention_cp and mla_cp import them",
+        why="vllm-ascend merges CP decode results through per-shard lists and a permute copy",
+        how="an import hook (on_import.py, first on sys.meta_path) replaces the pair in the two "
+            "caller modules when vllm-ascend imports them, i.e. in CP workers only; the merge "
+            "kernel is chosen once, then (vllm_ascend_cp.py)",
+        switch=envs.CP_PATCH,
+        when=REGISTER,
+        remove_when="vllm-ascend merges CP results from tensors with one operator call",
+        install="vllm_npu_ext.patches.vllm_ascend_cp:install",
+        uninstall="vllm_npu_ext.patches.vllm_ascend_cp:uninstall",
+        pins={
+            f"{_COMMON_CP}:_process_attn_out_lse": {
+                VLLM_ASCEND_0_23:
+                    "873b0a6eed635df38fb642d8a10aa207c473c87e583bfa6600dbcf13b4c624f3",
+            },
+            f"{_COMMON_CP}:_npu_attention_update": {
+                VLLM_ASCEND_0_23:
+                    "79f9062b94f4f60ba6e75f143d421c22cea289a57de7313745aff5e516136cfb",
+            },
+        },
+        verified_by_patch=True,
+    ),
+    Patch(
+        name="vllm_ascend_cos_sin",
+        target="vllm_ascend.ops.rotary_embedding._cos_sin_cache",
+        why="vllm-ascend's runner refreshes cos/sin tables every step for readers our "
+            "cache-free model does not have",
+        how="clear the recorded cache, so update_cos_sin returns at its first check "
+            "(vllm_ascend_cos_sin.py)",
+        switch=envs.COS_SIN_PATCH,
+        when=MODEL_BUILD,
+        remove_when="vllm-ascend updates the tables only for models that read them",
+        install="vllm_npu_ext.patches.vllm_ascend_cos_sin:stop",
+        pins={
+            "vllm_ascend.ops.rotary_embedding:update_cos_sin": {
+                VLLM_ASCEND_0_23:
+                    "f74997a21693552d4fac815a92ea6eed6a8647b3a828fd9a25c35e72040e0022",
+            },
+        },
+        verified_by_patch=True,
+    ),
+)}  # fmt: skip
+
+
+def _function(path: str):
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def refusals(name: str, lookup=None) -> list[pins.Check]:
+    """The pins of patch `name` that stop it, each logged once with what to do."""
+    checks = pins.check_all(name, PATCHES[name].pins, lookup)
+    refused = [check for check in checks if not check.applicable]
+    if refused:
+        from vllm_npu_ext.logger import get_logger
+
+        for check in refused:
+            get_logger(__name__).warning("vllm-npu-ext: %s", check.message())
+    return refused
+
+
+def apply(name: str, *args) -> list[str]:
+    """Apply patch `name` (its install function with `args`) unless its switch is off or a pin
+    refuses it; returns the lines the patch reports."""
+    patch = PATCHES[name]
+    if patch.switch is not None and not patch.switch():
+        return []
+    if not patch.verified_by_patch and refusals(name):
+        return []
+    result = _function(patch.install)(*args)
+    if isinstance(result, str):
+        return [result]
+    return list(result) if isinstance(result, list | tuple) else []
+
+
+def revert(name: str, *args) -> None:
+    """Undo patch `name` (its uninstall function with `args`)."""
+    uninstall = PATCHES[name].uninstall
+    if uninstall is None:
+        raise ValueError(f"patch {name} cannot be undone")
+    _function(uninstall)(*args)
+
+
+def apply_patches(when: str = REGISTER) -> list[str]:
+    """Apply every patch that applies at `when`; returns one line per patch applied."""
+    return [line for patch in PATCHES.values() if patch.when == when
+            for line in apply(patch.name)]  # fmt: skip
+
+
+def pin_checks() -> list[pins.Check]:
+    """Every pin of the table checked against what is installed here (for the doctor)."""
+    return [check for name, patch in PATCHES.items() for check in pins.check_all(name, patch.pins)]
+
+
+def describe() -> str:
+    """The table as text, in vllm-ascend's patch-table layout."""
+    blocks = []
+    for number, patch in enumerate(PATCHES.values(), start=1):
+        switch = patch.switch.name if patch.switch else "none"
+        pinned = ", ".join(sorted({v for versions in patch.pins.values() for v in versions}))
+        blocks.append(
+            f"{number}. `{patch.target}` ({patch.name}: {patch.install})\n"
+            f"   Why: {patch.why}\n   How: {patch.how}\n   Switch: {switch}\n"
+            f"   When: {patch.when}\n   Pinned on: {pinned or 'nothing replaced'}\n"
+            f"   Remove when: {patch.remove_when}"
+        )
+    return "\n".join(blocks)

@@ -20,25 +20,28 @@ known to `register()`. vllm-ascend imports `attention_cp`/`mla_cp` only from its
 which happens in workers while the model is built. So `install()` only adds an import hook
 (cheap, imports nothing); the patch is applied when vllm-ascend itself imports a caller
 module, i.e. in CP workers only. Each target is verified first (both functions present with
-the expected parameters); if not, a warning is logged and that module is left untouched.
-`VLLM_NPU_EXT_CP_PATCH=0` turns it off. `scripts/check_vllm_ascend_patch.py` checks the
-targets against vllm-ascend's sdist.
+the expected parameters, and their sources those pinned in the patch table,
+`patches/__init__.py`); if not, a warning is logged and that module is left untouched.
+`VLLM_NPU_EXT_CP_PATCH=0` turns it off. The merge kernel
+(VLLM_NPU_EXT_ATTENTION_UPDATE_KERNEL/_CONTIGUOUS) is read once, by `install()`.
+`scripts/check_vllm_ascend_patch.py` checks the targets against vllm-ascend's sdist.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import inspect
 import sys
 from types import ModuleType
 
-from vllm_npu_ext import envs
+from vllm_npu_ext import envs, patches
 from vllm_npu_ext.logger import get_logger
 from vllm_npu_ext.patches import on_import
 
 logger = get_logger(__name__)
 
-SWITCH = "VLLM_NPU_EXT_CP_PATCH"
+NAME = "vllm_ascend_cp"  # its row in the patch table
 TESTED_VERSION = "0.23.0.post1"
 COMMON_MODULE = "vllm_ascend.attention.context_parallel.common_cp"
 CALLER_MODULES = (
@@ -51,6 +54,22 @@ TARGET_SIGNATURES = {
     "_npu_attention_update": ("head_size", "attn_out_lse"),
 }
 PATCHED_MARKER = "__vllm_npu_ext_cp_originals__"
+
+
+@dataclasses.dataclass(frozen=True)
+class MergeKernel:
+    """The AttentionUpdate kernel the patched merge runs (`ops.attention_update`), read from the
+    environment once, when the patch is installed."""
+
+    kernel: str
+    contiguous: bool
+
+    @classmethod
+    def from_env(cls) -> MergeKernel:
+        return cls(envs.ATTENTION_UPDATE_KERNEL(), envs.ATTENTION_UPDATE_CONTIGUOUS())
+
+
+_merge_kernel: MergeKernel | None = None
 
 
 def cp_group_coordinators():
@@ -133,6 +152,10 @@ def patch_module(module: ModuleType) -> bool:
             "vllm-npu-ext: CP merge patch not applied, vllm-ascend left as is: %s", problem
         )
         return False
+    if patches.refusals(NAME, lambda target: getattr(module, target.rpartition(":")[2])):
+        return False
+    global _merge_kernel
+    _merge_kernel = _merge_kernel or MergeKernel.from_env()
     setattr(module, PATCHED_MARKER, {name: getattr(module, name) for name in REPLACEMENTS})
     for name, replacement in REPLACEMENTS.items():
         setattr(module, name, replacement)
@@ -177,8 +200,10 @@ def _vllm_ascend_version() -> str:
 
 def install() -> list[str]:
     """Arrange for the patch (see the module docstring); returns what was arranged."""
-    if not envs.flag(SWITCH) or importlib.util.find_spec("vllm_ascend") is None:
+    global _merge_kernel
+    if importlib.util.find_spec("vllm_ascend") is None:
         return []
+    _merge_kernel = MergeKernel.from_env()
     version = _vllm_ascend_version()
     if version != TESTED_VERSION:
         logger.warning(
@@ -196,7 +221,9 @@ def install() -> list[str]:
 
 def uninstall() -> None:
     """Remove the import hook and restore every patched module."""
+    global _merge_kernel
     on_import.uninstall(PatchOnImport)
+    _merge_kernel = None
     for name in CALLER_MODULES:
         if name in sys.modules:
             unpatch_module(sys.modules[name])

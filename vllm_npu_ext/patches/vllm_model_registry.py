@@ -12,8 +12,9 @@ architecture resolves to ours; every other run resolves exactly as without the p
 
 vLLM first inspects the architecture to choose the runner (`runner_type` is not set yet);
 that inspection passes through unchanged, so `--runner auto` decides as it does without the
-plugin. `register()` installs the wrappers in every vLLM process; `uninstall()` restores
-the methods. `VLLM_NPU_EXT_MODEL_OVERRIDE=0` leaves the registry alone.
+plugin. `register()` installs the wrappers in every vLLM process (the patch table,
+`patches/__init__.py`, pins both methods' sources); `uninstall()` restores the methods.
+`VLLM_NPU_EXT_MODEL_OVERRIDE=0` leaves the registry alone.
 
 Rerankers (`Qwen3ForSequenceClassification`, as Qwen3-Reranker is served: `reranker.py`).
 vLLM has no class of that name: `_normalize_arch` (same code in 0.23 and 0.32) swaps the
@@ -33,7 +34,6 @@ from typing import Any
 
 from vllm_npu_ext import envs
 
-GENERATION_SWITCH = "VLLM_NPU_EXT_GENERATION"
 # checkpoint architecture -> the name our class is registered under (or, for an alias that
 # vLLM's suffix rewrite turns into a registered name, that unregistered alias).
 OVERRIDES: dict[str, str] = {
@@ -49,7 +49,7 @@ _ORIGINAL = "__vllm_npu_ext_original__"
 def ours_for(model_config: Any) -> bool:
     """Whether runs with this model config get our classes."""
     runner = getattr(model_config, "runner_type", None)
-    return runner == "pooling" or (runner is not None and envs.flag(GENERATION_SWITCH))
+    return runner == "pooling" or (runner is not None and envs.GENERATION())
 
 
 def substituted(architectures: str | list[str]) -> list[str]:
@@ -82,7 +82,7 @@ def install(registrations: dict[str, str]) -> list[str]:
         method = getattr(registry_type, method_name)
         if not hasattr(method, _ORIGINAL):
             setattr(registry_type, method_name, _wrap(method))
-    generation = "pooling and generation" if envs.flag(GENERATION_SWITCH) else "pooling runs"
+    generation = "pooling and generation" if envs.GENERATION() else "pooling runs"
     described = []
     for architecture, ours in OVERRIDES.items():
         if ours in registrations:
@@ -90,6 +90,13 @@ def install(registrations: dict[str, str]) -> list[str]:
         else:  # an alias that vLLM's suffix rewrite turns into one of our names
             described.append(f"{architecture} -> {ours} (vLLM's adapter over ours)")
     return described
+
+
+def install_ours() -> list[str]:
+    """`install` with the package's own classes (`vllm_npu_ext.model_registrations`)."""
+    from vllm_npu_ext import model_registrations
+
+    return install(model_registrations())
 
 
 def uninstall() -> None:

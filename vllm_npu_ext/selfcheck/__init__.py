@@ -26,7 +26,6 @@ from pathlib import Path
 
 from vllm_npu_ext import __version__, envs
 
-EMULATE_SWITCH = "VLLM_NPU_EXT_SELFCHECK_EMULATE"
 PARTS = ("ops", "model", "bench", "doctor")
 NO_NPU_MESSAGE = (
     "vllm-npu-ext selfcheck: no usable Ascend NPU here (torch_npu does not import or sees no "
@@ -110,7 +109,7 @@ def _run_parts(target, args, plan, reporter, doctor_report: dict) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(list(sys.argv[1:] if argv is None else argv))
-    emulate = args.emulate or envs.flag(EMULATE_SWITCH)
+    emulate = args.emulate or envs.SELFCHECK_EMULATE()
     from vllm_npu_ext import doctor
 
     # First, like every vLLM process: the bootstrap orders the custom-op search paths before

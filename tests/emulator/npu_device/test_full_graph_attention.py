@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch_npu
 
-from vllm_npu_ext import compat
+from vllm_npu_ext.model_executor import forward_context
 from vllm_npu_ext.model_executor.layers.cache_free import op as cache_free_op
 from vllm_npu_ext.model_executor.layers.cache_free.full_graph import FullGraphAttention
 from vllm_npu_ext.ops import attention
@@ -45,8 +45,8 @@ def make_step(monkeypatch, max_num_seqs):
     """The running batch's sequence lengths, as the op and the update read them."""
     state = FullGraphAttention(max_num_seqs)
     current = {"seqs": PackedSeqs.from_seq_lens([TOKENS])}
-    monkeypatch.setattr(compat, "layer_module", lambda name: Layer(state))
-    monkeypatch.setattr(compat, "packed_seqs_for_layer",
+    monkeypatch.setattr(forward_context, "layer_module", lambda name: Layer(state))
+    monkeypatch.setattr(forward_context, "packed_seqs_for_layer",
                         lambda name, tokens: current["seqs"].padded_to(tokens))  # fmt: skip
     return state, current
 
@@ -182,8 +182,8 @@ def test_an_eager_step_of_the_same_size_is_not_updated(step):
 def test_capturing_attention_that_is_not_updated_per_replay_is_refused(monkeypatch):
     """In piecewise mode the op is a splitting op and never captured; captured without the
     full-graph state it would replay its capture's boundaries: refused."""
-    monkeypatch.setattr(compat, "layer_module", lambda name: None)
-    monkeypatch.setattr(compat, "packed_seqs_for_layer",
+    monkeypatch.setattr(forward_context, "layer_module", lambda name: None)
+    monkeypatch.setattr(forward_context, "packed_seqs_for_layer",
                         lambda name, tokens: PackedSeqs((0, tokens)))  # a capture's dummy batch
     graph = torch.npu.NPUGraph()
     buffers = [t.to("npu") for t in qkv(0)]

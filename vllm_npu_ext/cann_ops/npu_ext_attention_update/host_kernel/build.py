@@ -44,7 +44,6 @@ TILING_SOURCE = OP_HOST_DIR / "npu_ext_attention_update_tiling.cpp"
 TILING_HEADER = OP_HOST_DIR / "npu_ext_attention_update_tiling.h"
 LAUNCH_SOURCE = HOST_KERNEL_DIR / "launch.cpp"
 LIBRARY_NAME = "libnpu_ext_attention_update_host.so"
-CACHE_VARIABLE = "VLLM_NPU_EXT_HOST_KERNEL_CACHE"
 # No FMA contraction: each vector instruction rounds once, as its documented formula reads.
 CXX_FLAGS = (
     "-std=c++17",
@@ -82,7 +81,7 @@ def _compiler_version(cxx: str) -> str:
 
 def default_cache_dir() -> Path:
     """Where builds are kept unless VLLM_NPU_EXT_HOST_KERNEL_CACHE says otherwise."""
-    chosen = envs.get(CACHE_VARIABLE).strip()
+    chosen = envs.HOST_KERNEL_CACHE()
     if chosen:
         return Path(chosen)
     return envs.cache_dir() / "host-kernel"
