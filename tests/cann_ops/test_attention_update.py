@@ -14,10 +14,10 @@ import inspect
 import subprocess
 import sys
 import types
-from pathlib import Path
 
 import pytest
 import torch
+from support.scripts import ROOT
 
 from vllm_npu_ext import cann_ops
 from vllm_npu_ext.cann_ops import binding
@@ -33,7 +33,6 @@ from vllm_npu_ext.emulator.operators import npu_ext_cann as emulated_cann_ops
 from vllm_npu_ext.ops import attention_update as public
 from vllm_npu_ext.selfcheck.tolerances import op_tolerance
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 
@@ -309,7 +308,7 @@ def test_extension_build_names_what_is_missing(tmp_path, monkeypatch):
 
 
 def test_setup_py_runs_on_cpu_and_says_once_why_the_binding_is_skipped():
-    completed = subprocess.run([sys.executable, "setup.py", "--name"], cwd=REPO_ROOT,
+    completed = subprocess.run([sys.executable, "setup.py", "--name"], cwd=ROOT,
                                capture_output=True, text=True, check=True)
     assert completed.stdout.count("skipping vllm_npu_ext._cann_C") == 1
     assert completed.stdout.strip().endswith("vllm-npu-ext")

@@ -10,23 +10,16 @@ import sys
 import pytest
 import torch
 from support.dispatch_record import RecordOps
+from support.npu_inputs import BF16, MASK, rand
 
 from vllm_npu_ext import emulator
 from vllm_npu_ext.emulator.runtime import schema as _schema
 from vllm_npu_ext.ops import dispatch
 
-MASK = torch.triu(torch.ones(2048, 2048, dtype=torch.bool), diagonal=1)
-BF16 = torch.bfloat16
-
-
 
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
-
-
-def rand(*shape, dtype=BF16):
-    return torch.randn(*shape).to(dtype)
 
 
 def fia(**changes):

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.npu_inputs import BF16, MASK
 
 from vllm_npu_ext import emulator
-
-MASK = torch.triu(torch.ones(2048, 2048, dtype=torch.bool), diagonal=1)
-BF16 = torch.bfloat16
 
 
 def rand(*shape, dtype=BF16):

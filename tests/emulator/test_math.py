@@ -7,10 +7,10 @@ import itertools
 import pytest
 import torch
 import torch.nn.functional as F
+from support.npu_inputs import MASK
 
 from vllm_npu_ext import emulator
 
-MASK = torch.triu(torch.ones(2048, 2048, dtype=torch.bool), diagonal=1)
 FLOAT16S = (torch.bfloat16, torch.float16)
 ALL_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 # dtype -> (rtol, atol) for an output rounded to that dtype.

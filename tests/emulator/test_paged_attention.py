@@ -13,12 +13,11 @@ import math
 import numpy as np
 import pytest
 import torch
+from support.npu_inputs import BF16, MASK
 
 from vllm_npu_ext import emulator
 from vllm_npu_ext.emulator.operators import atb
 
-BF16 = torch.bfloat16
-MASK = torch.triu(torch.ones(2048, 2048, dtype=torch.bool), diagonal=1)
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 4, 1, 128, 128
 KV_LENS = [300, 37, 129]  # unequal; cumulative [300, 337, 466] would read other keys
 NUM_BLOCKS = 12

@@ -8,14 +8,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.npu_inputs import BF16
+from support.npu_inputs import seeded_rand as rand
 
 from vllm_npu_ext import emulator
-
-BF16 = torch.bfloat16
-
-
-def rand(*shape, dtype=BF16, seed=0):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
 
 
 def documented(x: torch.Tensor, smooth: torch.Tensor | None = None):

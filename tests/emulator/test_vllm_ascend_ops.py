@@ -9,16 +9,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.npu_inputs import BF16
+from support.npu_inputs import seeded_rand as rand
 
 from vllm_npu_ext.emulator.operators import vllm_ascend_library as c_ascend
 from vllm_npu_ext.emulator.operators import vllm_ascend_triton as ascend_triton
 from vllm_npu_ext.emulator.runtime import registry as _runtime
-
-BF16 = torch.bfloat16
-
-
-def rand(*shape, dtype=BF16, seed=0):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
 
 
 @pytest.fixture(scope="module")

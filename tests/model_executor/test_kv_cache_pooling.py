@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support.engines import ENGINE_CONFIGS, KV_CACHE_BYTES, REPEAT_TEXTS
+from support.engines import ENGINE_CONFIGS, KV_CACHE_BYTES, REPEAT_TEXTS, min_cosine_of
 from support.hf_oracle import cosines, hf_embeddings
-
-from vllm_npu_ext.selfcheck.tolerances import min_embedding_cosine
 
 KV_CONFIGS = [name for name, config in ENGINE_CONFIGS.items() if config.get("kv_cache")]
 CACHE_FREE_CONFIGS = [name for name in ENGINE_CONFIGS if name not in KV_CONFIGS]
@@ -36,10 +34,6 @@ def repeat_oracle(engine_runs):
         return cache[name][PATHS[path]]
 
     return get
-
-
-def _min_cosine(name: str) -> float:
-    return min_embedding_cosine(getattr(torch, ENGINE_CONFIGS[name]["dtype"]))
 
 
 @pytest.mark.parametrize("name", CACHE_FREE_CONFIGS)
@@ -69,7 +63,7 @@ def test_repeated_input_is_a_prefix_cache_hit_with_the_same_embedding(
     assert expected_hit >= block, f"the text must fill a {block}-token block: {repeat}"
     assert repeat["num_cached_tokens"] == [0, expected_hit], repeat
     assert repeat["vllm:prefix_cache_hits"] == expected_hit, repeat
-    _assert_same_embedding(repeat["embeddings"], repeat_oracle(name, path), _min_cosine(name))
+    _assert_same_embedding(repeat["embeddings"], repeat_oracle(name, path), min_cosine_of(name))
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -80,7 +74,7 @@ def test_cache_free_pooling_computes_a_repeated_input_again(
     repeat = engine_runs[name]["repeat"][path]
     assert repeat["num_cached_tokens"] == [0, 0], repeat
     assert repeat["vllm:prefix_cache_queries"] == 0, repeat
-    _assert_same_embedding(repeat["embeddings"], repeat_oracle(name, path), _min_cosine(name))
+    _assert_same_embedding(repeat["embeddings"], repeat_oracle(name, path), min_cosine_of(name))
 
 
 def _assert_same_embedding(pair: torch.Tensor, expected: torch.Tensor, min_cosine: float):

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support.engines import ENGINE_CONFIGS, PARITY_TEXTS
+from support.engines import ENGINE_CONFIGS, PARITY_TEXTS, min_cosine_of
 from support.hf_oracle import cosines, hf_embeddings
 
 from vllm_npu_ext.envs import FUSIONS
-from vllm_npu_ext.selfcheck.tolerances import min_embedding_cosine
 
 CONFIGS = list(ENGINE_CONFIGS)
 PACKED_CONFIGS = [name for name in CONFIGS if not ENGINE_CONFIGS[name].get("kv_cache")]
@@ -32,10 +31,6 @@ def oracle(engine_runs):
         return cache[name]
 
     return get
-
-
-def _min_cosine(name: str) -> float:
-    return min_embedding_cosine(getattr(torch, ENGINE_CONFIGS[name]["dtype"]))
 
 
 def _assert_parity(actual: torch.Tensor, expected: torch.Tensor, min_cosine: float) -> None:
@@ -58,13 +53,13 @@ def test_vllm_uses_our_model_class(engine_runs, name):
 
 @pytest.mark.parametrize("name", CONFIGS)
 def test_platform_path_matches_hf(engine_runs, oracle, name):
-    _assert_parity(engine_runs[name]["platform"], oracle(name), _min_cosine(name))
+    _assert_parity(engine_runs[name]["platform"], oracle(name), min_cosine_of(name))
 
 
 @pytest.mark.parametrize("name", CONFIGS)
 def test_npu_path_in_engine_matches_hf(engine_runs, oracle, name):
     run = engine_runs[name]
-    _assert_parity(run["batch"], oracle(name), _min_cosine(name))
+    _assert_parity(run["batch"], oracle(name), min_cosine_of(name))
     calls = run["fused_calls"]
     # q and k rotated together (npu_mrope takes every head_dim here: multiples of 32)
     assert all(calls.get(op, 0) > 0 for op in ("npu_linear", "npu_mrope", "npu_swiglu")), calls
@@ -94,15 +89,15 @@ def test_float32_models_never_call_a_three_tensor_grouped_matmul(engine_runs, na
 @pytest.mark.parametrize("name", CONFIGS)
 def test_batch_equals_each_input_alone(engine_runs, name):
     run = engine_runs[name]
-    _assert_parity(run["batch"], run["single"], _min_cosine(name))
+    _assert_parity(run["batch"], run["single"], min_cosine_of(name))
 
 
 @pytest.mark.parametrize("variant", ["all_on", "all_off", *(f"no_{f}" for f in FUSIONS)])
 @pytest.mark.parametrize("name", PACKED_CONFIGS)
 def test_every_fusion_configuration_matches_hf_and_native(engine_runs, oracle, name, variant):
     variants = engine_runs[name]["variants"]
-    _assert_parity(variants[variant], oracle(name), _min_cosine(name))
-    _assert_parity(variants[variant], variants["all_off"], _min_cosine(name))
+    _assert_parity(variants[variant], oracle(name), min_cosine_of(name))
+    _assert_parity(variants[variant], variants["all_off"], min_cosine_of(name))
 
 
 @pytest.mark.parametrize("name", PACKED_CONFIGS)

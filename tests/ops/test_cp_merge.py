@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from support.scripts import load_script
@@ -16,9 +14,6 @@ from vllm_npu_ext.ops.cp_merge import (
     pack_out_lse,
     split_out_lse,
 )
-
-ROOT = Path(__file__).resolve().parents[2]
-
 
 bench = load_script("benchmarks/bench_cp_merge.py")
 

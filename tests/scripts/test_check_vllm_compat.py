@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 from support.scripts import load_script
 
-ROOT = Path(__file__).resolve().parents[2]
 checker = load_script("scripts/check_vllm_compat.py")
 
 FAKE_VLLM = {

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from support.server import DIE_WITH_PARENT, KV_CACHE_BYTES
+from vllm_npu_ext.selfcheck.tolerances import min_embedding_cosine
 from vllm_npu_ext.tiny_model import corpus, make_tiny_model
 
 SUPPORT_DIR = Path(__file__).resolve().parent
@@ -71,6 +72,12 @@ ENGINE_CONFIGS: dict[str, dict] = {
         "engine_args": {"enable_prefix_caching": True},
     },
 }  # fmt: skip
+
+
+def min_cosine_of(name: str) -> float:
+    """The cosine to the reference an `ENGINE_CONFIGS` run's embeddings must reach (its dtype's)."""
+    return min_embedding_cosine(getattr(torch, ENGINE_CONFIGS[name]["dtype"]))
+
 
 # Compiled engine runs (vLLM compiles the NPU path): configuration -> compilation config.
 # bfloat16 also forces a full graph mode (the plugin falls back to PIECEWISE) and keeps

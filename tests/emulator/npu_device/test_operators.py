@@ -6,18 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.npu_inputs import MASK, rand
 
 from vllm_npu_ext import emulator
 from vllm_npu_ext.cann_ops import binding
 from vllm_npu_ext.emulator.device import host_npu
 from vllm_npu_ext.emulator.operators import npu_ext_cann as emulated_cann_ops
-
-BF16 = torch.bfloat16
-MASK = torch.triu(torch.ones(2048, 2048, dtype=torch.bool), diagonal=1)
-
-
-def rand(*shape, dtype=BF16):
-    return torch.randn(*shape).to(dtype)
 
 
 def on(device, value):
