@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from vllm_npu_ext import envs, qwen3_class
-from vllm_npu_ext.envs import FUSIONS, FusionConfig
+from vllm_npu_ext.envs import FUSIONS
+from vllm_npu_ext.model_executor.layers.npu_plan import FusionConfig
 
 
 def test_all_fusions_on_by_default(monkeypatch):

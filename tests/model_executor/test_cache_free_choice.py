@@ -6,11 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_npu_ext.model_executor.models.qwen3 import (
-    Qwen3ForCausalLM,
-    Qwen3KVCacheForCausalLM,
-    _cache_free_allowed,
-)
+from vllm_npu_ext.model_executor.models.qwen3 import Qwen3ForCausalLM, Qwen3KVCacheForCausalLM
+from vllm_npu_ext.model_executor.models.qwen3_config import cache_free_allowed
 
 
 def _config(prefix_caching: bool, chunked_prefill: bool):
@@ -27,7 +24,7 @@ def _config(prefix_caching: bool, chunked_prefill: bool):
 def test_prefix_caching_or_chunked_prefill_keep_the_kv_cache(
     prefix_caching, chunked_prefill, allowed
 ):
-    assert _cache_free_allowed(_config(prefix_caching, chunked_prefill)) is allowed
+    assert cache_free_allowed(_config(prefix_caching, chunked_prefill)) is allowed
 
 
 def test_only_the_cache_free_class_asks_vllm_for_encoder_only_scheduling():

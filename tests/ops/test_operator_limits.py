@@ -2,7 +2,7 @@
 
 `ops.attention.choose_operator` and `ops.linear.grouped_linear_supports` decide, from the
 torch-npu 2.10.0.post4 documentation and vllm-ascend 0.23's own calls, which fused operator a
-shape gets; the model follows them (`_fusions_for`, with a log line) and the emulator, which
+shape gets; the model follows them (`npu_plan.plan_for`, with a log line) and the emulator, which
 encodes the same limits on its own, must accept every call they allow and reject the rest.
 """
 
@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from vllm_npu_ext import emulator
-from vllm_npu_ext.envs import FusionConfig
-from vllm_npu_ext.model_executor.models import qwen3
+from vllm_npu_ext.model_executor.layers import npu_plan
+from vllm_npu_ext.model_executor.layers.npu_plan import FusionConfig
 from vllm_npu_ext.ops import attention, linear
 from vllm_npu_ext.ops.packed import PackedSeqs
 from vllm_npu_ext.selfcheck.parity_cases import randn
@@ -127,7 +127,7 @@ def env(monkeypatch):
 
 
 def _layer(head_dim, heads, kv_heads):
-    """What `_fusions_for` reads of a Qwen3Attention: shapes, rotary style and table width."""
+    """What `npu_plan.plan_for` reads of a Qwen3Attention: shapes, rotary style and table width."""
     rotary_emb = SimpleNamespace(cos_sin_cache=torch.empty(64, head_dim))
     return SimpleNamespace(head_dim=head_dim, num_heads=heads, num_kv_heads=kv_heads,
                            neox=True, rotary_emb=rotary_emb)  # fmt: skip
@@ -139,16 +139,16 @@ NOT_REGISTERED = "vllm.qkv_rmsnorm_rope is not registered"
 
 
 def test_qwen3_embedding_in_bfloat16_keeps_every_fusion_and_says_nothing(env, monkeypatch):
-    monkeypatch.setattr(qwen3.qk_norm_rope, "registered", lambda: True)
-    assert qwen3._fusions_for(BF16, _layer(128, 16, 8)) == (FusionConfig(), [])
-    monkeypatch.setattr(qwen3.qk_norm_rope, "registered", lambda: False)
-    fusions, notes = qwen3._fusions_for(BF16, _layer(128, 16, 8))
+    monkeypatch.setattr(npu_plan.qk_norm_rope, "registered", lambda: True)
+    assert npu_plan.fusions_for(BF16, _layer(128, 16, 8)) == (FusionConfig(), [])
+    monkeypatch.setattr(npu_plan.qk_norm_rope, "registered", lambda: False)
+    fusions, notes = npu_plan.fusions_for(BF16, _layer(128, 16, 8))
     assert fusions == FusionConfig() and len(notes) == 1 and notes[0].startswith(NOT_REGISTERED)
-    assert qwen3._qk_path(fusions, BF16, _layer(128, 16, 8))[0] == qwen3.QK_MROPE
+    assert npu_plan.qk_path_for(fusions, BF16, _layer(128, 16, 8))[0] == npu_plan.QK_MROPE
 
 
 def test_a_float32_model_uses_merged_qkv_and_fusion_attention_and_says_so(env):
-    fusions, notes = qwen3._fusions_for(FP32, _layer(32, 4, 2))
+    fusions, notes = npu_plan.fusions_for(FP32, _layer(32, 4, 2))
     assert not fusions.grouped_qkv and fusions.attention_op == FA and fusions.attention
     assert "npu_grouped_matmul takes torch.float32 only" in notes[0]
     assert "takes bfloat16 only" in notes[1] and "separate operators" in notes[1]
@@ -157,7 +157,7 @@ def test_a_float32_model_uses_merged_qkv_and_fusion_attention_and_says_so(env):
 
 @pytest.mark.parametrize(("head_dim", "operator"), [(64, FA), (32, FA), (192, FIA)])
 def test_a_bfloat16_model_outside_fias_head_dims_uses_fusion_attention(env, head_dim, operator):
-    fusions, notes = qwen3._fusions_for(BF16, _layer(head_dim, 8, 2))
+    fusions, notes = npu_plan.fusions_for(BF16, _layer(head_dim, 8, 2))
     assert fusions.attention_op == operator and fusions.grouped_qkv
     # Outside head_dim 128 the QK-norm + RoPE operator says why it is not used, first.
     assert "head_dim 128 only" in notes[0] and "separate operators" in notes[0]
@@ -168,7 +168,7 @@ def test_a_bfloat16_model_outside_fias_head_dims_uses_fusion_attention(env, head
 
 
 def test_a_shape_no_fused_operator_takes_runs_attention_unfused(env):
-    fusions, notes = qwen3._fusions_for(BF16, _layer(1024, 4, 2))
+    fusions, notes = npu_plan.fusions_for(BF16, _layer(1024, 4, 2))
     assert not fusions.attention and fusions.rms_norm
     assert notes[-1].endswith("attention runs unfused")
 

@@ -128,7 +128,7 @@ def _op_counts(llm) -> dict[str, int]:
     from vllm_npu_ext.envs import FUSIONS
 
     def run(model):
-        base = model.model.fusions
+        base = model.model.plan.fusions
         configs = {"all_on": base, **{f"no_{name}": base.without(name) for name in FUSIONS}}
         return {
             name: count_layer_ops(model, config, [7, 3])["per_layer"]

@@ -39,7 +39,7 @@ from support.scripts import load_script
 from support.vllm_ascend_env import engine_config
 
 from vllm_npu_ext import emulator
-from vllm_npu_ext.model_executor.layers.npu_step import QK_FUSED
+from vllm_npu_ext.model_executor.layers.npu_plan import QK_FUSED
 from vllm_npu_ext.selfcheck.tolerances import min_embedding_cosine
 
 TEXTS = [
@@ -285,7 +285,7 @@ def _layer_ops(count_ops: ModuleType, built, which: str) -> dict[str, int]:
     model, vllm_config = built[which]
     _, _, seqs = _packed_batch(built["dir"])
     with set_current_vllm_config(vllm_config):
-        return count_ops.count_layer_ops(model, model.model.fusions, seqs.seq_lens)["ops"]
+        return count_ops.count_layer_ops(model, model.model.plan.fusions, seqs.seq_lens)["ops"]
 
 
 def _expected_ops(inner) -> Counter[str]:
@@ -294,14 +294,14 @@ def _expected_ops(inner) -> Counter[str]:
     split, q/k norms and RoPE after one merged projection), else 11 (q/k norms apart, q and k
     rotated by one npu_mrope; float32 q/k/v come from one merged matmul, v copied out)."""
     expected = Counter({
-        "torch_npu.npu_add_rms_norm": 2, f"torch_npu.npu_{inner.fusions.attention_op}": 1,
+        "torch_npu.npu_add_rms_norm": 2, f"torch_npu.npu_{inner.plan.fusions.attention_op}": 1,
         "torch_npu.npu_swiglu": 1, "torch_npu.npu_linear": 3,
     })  # fmt: skip
-    if inner.default_qk_path == QK_FUSED:
+    if inner.plan.qk_path == QK_FUSED:
         expected.update({"vllm.qkv_rmsnorm_rope": 1, "torch_npu.npu_linear": 1})
         return expected
     expected.update({"torch_npu.npu_rms_norm": 2, "torch_npu.npu_mrope": 1})
-    if inner.fusions.grouped_qkv and inner.layers[0].self_attn.qkv_weights_kn is not None:
+    if inner.plan.fusions.grouped_qkv and inner.layers[0].self_attn.qkv_weights_kn is not None:
         expected["torch_npu.npu_grouped_matmul"] += 1
     else:  # one merged matmul, and v (a strided view of its result) made contiguous
         expected.update({"torch_npu.npu_linear": 1, "aten.clone.default": 1})
@@ -427,7 +427,8 @@ def test_npu_path_norms_match_vllm_ascends_rmsnorm_with_a_bias(built, monkeypatc
     from vllm_ascend.ops.layernorm import AscendRMSNorm
 
     from vllm_npu_ext.model_executor.layers import fused
-    from vllm_npu_ext.model_executor.layers.npu_step import QK_REFERENCE, NpuStep
+    from vllm_npu_ext.model_executor.layers.npu_plan import QK_REFERENCE
+    from vllm_npu_ext.model_executor.layers.npu_step import NpuStep
 
     model, vllm_config = built["ascend"]
     config = vllm_config.model_config.hf_config
@@ -438,7 +439,7 @@ def test_npu_path_norms_match_vllm_ascends_rmsnorm_with_a_bias(built, monkeypatc
     x = torch.randn(7, config.hidden_size, generator=generator).to(dtype)
     residual = torch.randn(7, config.hidden_size, generator=generator).to(dtype)
     empty = torch.empty(0)
-    step = NpuStep(emulator, model.model.fusions, QK_REFERENCE, empty, empty, None, None, None)
+    step = NpuStep(emulator, model.model.plan.fusions, QK_REFERENCE, empty, None, None, None)
     with set_current_vllm_config(vllm_config), torch.no_grad():
         assert vllm_ascend.utils.enable_custom_op()  # the stand-in's vllm_ascend_C
         theirs = norm.forward_oot(x.clone())

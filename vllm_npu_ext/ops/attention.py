@@ -6,19 +6,20 @@ count), the causal mask in the operators' compressed 2048x2048 form built once p
 The reference computes each sequence on its own.
 
 Which operator takes which shapes in TND (`choose_operator`), from torch-npu 2.10.0.post4's
-`torch_npu/_op_plugin_docs.py` (W:line), op-plugin's FIA doc (OPm:line) and vllm-ascend
-0.23.0.post1's own calls (docs/environment.md, "Operator limits on Ascend"):
+`torch_npu/_op_plugin_docs.py` (the docstrings of `npu_fused_infer_attention_score`,
+`npu_fused_infer_attention_score_v2` and `npu_fusion_attention`), op-plugin's FIA document and
+vllm-ascend 0.23.0.post1's own calls (docs/environment.md, "Operator limits on Ascend"):
 
-- FIA: bfloat16 only (W:8153, W:8689); head_dim 128 or 192 (W:8686, OPm:388); q heads a
-  multiple of kv heads, ratio <= 64 (W:8687); at most 4096 sequences (W:8694, OPm:377).
-  W:8674-8694 is the passage of npu_fused_infer_attention_score_v2; FIA's own older passage
-  (W:8149-8156: head_dim 192 only, equal head counts) is contradicted by op-plugin's newer
-  FIA doc and by vllm-ascend's hardware-tested calls, so it is not followed.
-  vllm-ascend calls exactly this (TND, GQA, head_dim 128, bf16, sparse_mode 3 with equal q/kv
-  lengths) on every Qwen3 prefill (attention/attention_v1.py:1336-1357).
-- FA: float16, bfloat16, float32 (W:1566-1568); head_dim 1..768 (W:1644); q heads 1..256, a
-  multiple of kv heads (W:1649); at most 1024 sequences in TND (W:1657).
-- both: T <= 1M tokens (W:1647, W:8674).
+- FIA: bfloat16 only; head_dim 128 or 192; q heads a multiple of kv heads, ratio <= 64; at
+  most 4096 sequences. These are the limits of `npu_fused_infer_attention_score_v2`'s passage
+  and of op-plugin's FIA document; the older passage of `npu_fused_infer_attention_score`
+  itself (head_dim 192 only, equal head counts) is contradicted by both and by vllm-ascend's
+  hardware-tested calls, so it is not followed. vllm-ascend calls exactly this (TND, GQA,
+  head_dim 128, bf16, sparse_mode 3 with equal q/kv lengths) on every Qwen3 prefill
+  (`AscendAttentionBackendImpl.forward_fused_infer_attention`).
+- FA: float16, bfloat16, float32; head_dim 1..768; q heads 1..256, a multiple of kv heads; at
+  most 1024 sequences in TND.
+- both: T <= 1M tokens.
 """
 
 from __future__ import annotations

@@ -18,11 +18,15 @@ PyTorch reference. On the NPU the work goes to one of two kernels, chosen by
   unbound into per-shard views first (the path vllm-ascend 0.23 uses);
 - `auto` (default): `custom` when a registered kernel is available, else `list`.
 
+A caller that settles the choice once (the CP patch, when it is installed) passes a
+`MergeKernel`; without one each call reads the environment.
+
 The `list` path passes strided per-shard views (the CP buffer's rows have stride D + 1), as
-vllm-ascend 0.23 does (attention/context_parallel/common_cp.py:143-157). aclnnAttentionUpdate's
-table marks non-contiguous lse/localOut "x", but its L2 API makes each list item contiguous
-itself before the kernel (ops-transformer attention_update/op_host/op_api/
-aclnn_attention_update.cpp:390-401), so views are the default: no copy of our own.
+vllm-ascend 0.23 does (`attention/context_parallel/common_cp.py` `_npu_attention_update`).
+aclnnAttentionUpdate's table marks non-contiguous lse/localOut "x", but its L2 API makes each
+list item contiguous itself before the kernel (ops-transformer
+`attention_update/op_host/op_api/aclnn_attention_update.cpp`), so views are the default: no
+copy of our own.
 `VLLM_NPU_EXT_ATTENTION_UPDATE_CONTIGUOUS=1` copies them first, for a CANN where selfcheck's
 strided AttentionUpdate cases fail while the contiguous ones pass.
 """
@@ -44,9 +48,8 @@ HEAD_DIM_MULTIPLE = 8
 MAX_ROWS = 2**31 - 1  # N: the kernel's int32 row index (op_host tiling, op_api)
 UPDATE_TYPES = (0, 1)
 OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-KERNEL_SWITCH = "VLLM_NPU_EXT_ATTENTION_UPDATE_KERNEL"
-CONTIGUOUS_SWITCH = "VLLM_NPU_EXT_ATTENTION_UPDATE_CONTIGUOUS"
-KERNEL_CHOICES = ("auto", "custom", "list")
+KERNEL_SWITCH = envs.ATTENTION_UPDATE_KERNEL.name
+CONTIGUOUS_SWITCH = envs.ATTENTION_UPDATE_CONTIGUOUS.name
 
 OP_NAMESPACE = "vllm_npu_ext"
 OP_NAME = "attention_update"
@@ -140,6 +143,20 @@ def attention_update_reference(
 
 
 @dataclasses.dataclass(frozen=True)
+class MergeKernel:
+    """Which kernel runs the merge on the NPU: `kernel` auto, custom or list (module
+    docstring); `contiguous`: copy the list path's strided views first."""
+
+    kernel: str = "auto"
+    contiguous: bool = False
+
+    @classmethod
+    def from_env(cls) -> MergeKernel:
+        """VLLM_NPU_EXT_ATTENTION_UPDATE_KERNEL and _CONTIGUOUS (ValueError for a bad value)."""
+        return cls(envs.ATTENTION_UPDATE_KERNEL(), envs.ATTENTION_UPDATE_CONTIGUOUS())
+
+
+@dataclasses.dataclass(frozen=True)
 class CustomKernel:
     """A tensor-input AttentionUpdate kernel that registers itself here (`register_custom_kernel`).
 
@@ -167,11 +184,8 @@ def custom_kernel_available(device: torch.device) -> bool:
     return _custom_kernel is not None and bool(_custom_kernel.available(device))
 
 
-def _kernel_choice(device: torch.device) -> str:
-    """'custom' or 'list', from VLLM_NPU_EXT_ATTENTION_UPDATE_KERNEL and what is loaded."""
-    choice = envs.get(KERNEL_SWITCH).strip().lower()
-    if choice not in KERNEL_CHOICES:
-        raise ValueError(f"{KERNEL_SWITCH} must be one of {KERNEL_CHOICES}, got {choice!r}")
+def _kernel_choice(choice: str, device: torch.device) -> str:
+    """'custom' or 'list', from the requested `choice` (auto, custom, list) and what is loaded."""
     if choice == "list":
         return "list"
     if custom_kernel_available(device):
@@ -186,7 +200,7 @@ def _kernel_choice(device: torch.device) -> str:
 
 
 def attention_update_npu(
-    lse: torch.Tensor, out: torch.Tensor, update_type: int = 0
+    lse: torch.Tensor, out: torch.Tensor, update_type: int = 0, kernel: MergeKernel | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The NPU implementation: our CANN operator on the tensors, or torch_npu on lists.
 
@@ -197,27 +211,29 @@ def attention_update_npu(
     gives NaN there (a decode query always sees at least its own key, so CP never has one).
     """
     check_attention_update_args(lse, out, update_type)
-    if _kernel_choice(lse.device) == "custom":
+    kernel = kernel or MergeKernel.from_env()
+    if _kernel_choice(kernel.kernel, lse.device) == "custom":
         return _custom_kernel.run(lse, out, update_type)
     torch_npu = dispatch.npu_ops(lse)
     if torch_npu is None:
         raise RuntimeError("attention_update_npu needs tensors that take the NPU path")
-    if envs.flag(CONTIGUOUS_SWITCH):
+    if kernel.contiguous:
         lse, out = lse.contiguous(), out.contiguous()
     return torch_npu.npu_attention_update(list(lse.unbind(0)), list(out.unbind(0)), update_type)
 
 
 def attention_update(
-    lse: torch.Tensor, out: torch.Tensor, update_type: int = 0
+    lse: torch.Tensor, out: torch.Tensor, update_type: int = 0, kernel: MergeKernel | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Merge partial attention results over the sp KV shards.
 
     lse: fp32 `[sp, N]`, the partial log-sum-exps (-inf for a shard with no keys).
     out: `[sp, N, D]` fp32/fp16/bf16, the partial outputs; strided views are accepted.
     Returns (merged `[N, D]` in out's dtype, lse_out `[N]` fp32 if update_type == 1 else None).
+    `kernel`: the NPU kernel, settled by the caller (None: read from the environment).
     """
     if dispatch.npu_ops(lse) is not None:
-        merged, lse_out = attention_update_npu(lse, out, update_type)
+        merged, lse_out = attention_update_npu(lse, out, update_type, kernel)
     else:
         merged, lse_out = torch.ops.vllm_npu_ext.attention_update(lse, out, update_type)
     return merged, (lse_out if update_type == 1 else None)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from vllm_npu_ext.ops.attention_update import attention_update
+from vllm_npu_ext.ops.attention_update import MergeKernel, attention_update
 
 
 def group_size(group: dist.ProcessGroup | None) -> int:
@@ -106,10 +106,11 @@ def split_out_lse(buffer: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return lse, out
 
 
-def merge_cp_buffer(buffer: torch.Tensor) -> torch.Tensor:
-    """Merge a `[world, bs, H, D + 1]` buffer (see `exchange`) into `[bs, H, D]` fp32."""
+def merge_cp_buffer(buffer: torch.Tensor, kernel: MergeKernel | None = None) -> torch.Tensor:
+    """Merge a `[world, bs, H, D + 1]` buffer (see `exchange`) into `[bs, H, D]` fp32 (`kernel`:
+    as `attention_update` takes it)."""
     lse, out = split_out_lse(buffer)
-    merged, _ = attention_update(lse, out)
+    merged, _ = attention_update(lse, out, kernel=kernel)
     return merged.view(buffer.shape[1], buffer.shape[2], out.shape[-1])
 
 
@@ -118,6 +119,7 @@ def cp_decode_merge(
     lse: torch.Tensor,
     dcp_group: dist.ProcessGroup | None = None,
     pcp_group: dist.ProcessGroup | None = None,
+    kernel: MergeKernel | None = None,
 ) -> torch.Tensor:
     """Pack, exchange and merge one rank's partial decode attention.
 
@@ -126,4 +128,4 @@ def cp_decode_merge(
     heads `dcp_rank * H .. (dcp_rank + 1) * H - 1`.
     """
     buffer = pack_out_lse(out, lse, group_size(dcp_group))
-    return merge_cp_buffer(exchange(buffer, dcp_group, pcp_group))
+    return merge_cp_buffer(exchange(buffer, dcp_group, pcp_group), kernel)

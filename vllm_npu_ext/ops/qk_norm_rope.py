@@ -1,15 +1,15 @@
 """Split of the merged q/k/v projection, per-head q/k RMSNorm and RoPE in one launch: vllm-ascend's
 `torch.ops.vllm.qkv_rmsnorm_rope`, and its reference.
 
-vllm-ascend 0.23.0.post1 registers the operator (a triton-ascend kernel, `ops/triton/
-linearnorm/split_qkv_rmsnorm_rope.py:264-390`) in every NPU worker where Triton imports
-(`ops/__init__.py:25-29`; triton-ascend is one of its requirements); its own graph-mode fusion
-pass puts it into stock Qwen3's compiled graphs for bfloat16 models with head_dim 128
-(`compilation/passes/qknorm_rope_fusion_pass.py:196-225`). Its contract, from the kernel:
-input `[T, q_size + 2 * kv_size]` read as contiguous row-major (:85, :256), bfloat16 tiles
-(:91, :131), per-head RMSNorm in float32 then the weight (+ bias) and a bf16 rounding, neox
-RoPE on the first `cos_sin_cache.shape[-1]` elements of each head from vLLM's cos_sin_cache
-at `positions`, v copied into its own buffer (:246-266). So where it is registered, the
+vllm-ascend 0.23.0.post1 registers the operator (a triton-ascend kernel,
+`ops/triton/linearnorm/split_qkv_rmsnorm_rope.py` `split_qkv_rmsnorm_rope_impl`) in every NPU
+worker where Triton imports (its `ops/__init__.py`, on import; triton-ascend is one of its
+requirements); its own graph-mode fusion pass (`QKNormRopeFusionPass`) puts it into stock
+Qwen3's compiled graphs for bfloat16 models with head_dim 128. Its contract, from the kernel
+(`split_qkv_rmsnorm_rope_kernel`): input `[T, q_size + 2 * kv_size]` read as contiguous
+row-major, bfloat16 tiles, per-head RMSNorm in float32 then the weight (+ bias) and a bf16
+rounding, neox RoPE on the first `cos_sin_cache.shape[-1]` elements of each head from vLLM's
+cos_sin_cache at `positions`, v copied into its own buffer. So where it is registered, the
 attention layer runs one merged projection and this one operator instead of q/k norms and
 rotary, and the per-forward cos/sin gather goes too.
 """
@@ -59,7 +59,7 @@ def qkv_norm_rope(
     """
     q_size, kv_size, head_dim = sizes
     tokens = qkv.shape[0]
-    (q_bias, k_bias), eps = (_bias(norm) for norm in norms), norms[0].variance_epsilon
+    (q_bias, k_bias), eps = (layernorm.norm_bias(norm) for norm in norms), norms[0].variance_epsilon
     if fused:
         q, k, v = torch.ops.vllm.qkv_rmsnorm_rope(
             qkv, cos_sin_cache, positions, norms[0].weight, norms[1].weight, q_size, kv_size,
@@ -67,20 +67,10 @@ def qkv_norm_rope(
         )  # fmt: skip
     else:
         q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-        q = _norm_native(q.reshape(tokens, -1, head_dim), norms[0].weight, q_bias, eps)
-        k = _norm_native(k.reshape(tokens, -1, head_dim), norms[1].weight, k_bias, eps)
+        q = layernorm.rms_norm_native(q.reshape(tokens, -1, head_dim), norms[0].weight, eps, q_bias)
+        k = layernorm.rms_norm_native(k.reshape(tokens, -1, head_dim), norms[1].weight, eps, k_bias)
         q, k = rotary.apply_rotary_qk(q, k, positions, cos_sin_cache)
         v = v.contiguous()
     return (q.view(tokens, -1, head_dim), k.view(tokens, -1, head_dim),
             v.view(tokens, -1, head_dim))  # fmt: skip
 
-
-def _norm_native(x: torch.Tensor, weight, bias, eps: float) -> torch.Tensor:
-    out = layernorm.rms_norm_native(x, weight, eps)
-    return out if bias is None else out + bias
-
-
-def _bias(norm: torch.nn.Module) -> torch.Tensor | None:
-    """A norm's loaded bias (vllm-ascend's RMSNorm for quantised checkpoints), else None."""
-    bias = getattr(norm, "bias", None)
-    return bias if bias is not None and getattr(norm, "bias_loaded", True) else None

@@ -56,8 +56,8 @@ def apply_rotary_native(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -
 
 # npu_mrope's domain (aclnnRopeWithSinCosCache, hicann ops-transformer
 # `posembedding/rope_with_sin_cos_cache/docs/aclnnRopeWithSinCosCache.md`, 约束说明; torch-npu
-# 2.10.0.post4 W:3572-3604): head_size and rotary_dim multiples of 32 for bf16/fp16, of 16 for
-# float32, rotary_dim <= head_size; one dtype for q, k and the cache.
+# 2.10.0.post4 `_op_plugin_docs.py`, npu_mrope): head_size and rotary_dim multiples of 32 for
+# bf16/fp16, of 16 for float32, rotary_dim <= head_size; one dtype for q, k and the cache.
 MROPE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 

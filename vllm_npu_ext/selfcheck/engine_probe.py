@@ -47,7 +47,7 @@ FUSED_OPERATORS = {
     "grouped_qkv": "npu_grouped_matmul",
     "linear": "npu_linear",
 }
-# The model's q/k path (`Qwen3Model.qk_path`) -> the torch_npu operator it adds; vllm-ascend's
+# The model's q/k path (`NpuPlan.qk_path`) -> the torch_npu operator it adds; vllm-ascend's
 # `vllm.qkv_rmsnorm_rope` is not a torch_npu operator and is not counted here.
 QK_PATH_OPERATORS = {"mrope": "npu_mrope", "rotary_mul": "npu_rotary_mul"}
 ATTENTION_OPERATORS = ("npu_fused_infer_attention_score", "npu_fusion_attention")
@@ -117,13 +117,13 @@ def _tensors(value):
 def npu_path_info(model) -> dict:
     inner = getattr(model, "model", None)
     parameter = next(model.parameters())
-    fusions = getattr(inner, "fusions", None)
+    plan = getattr(inner, "plan", None)  # `layers.npu_plan.NpuPlan`; vLLM's Qwen3 has none
     return {
         "active": bool(getattr(inner, "npu_possible", False)),
         "forward_packed": hasattr(inner, "forward_packed"),
-        "fusions": fusions.active() if fusions is not None else [],
-        "attention_op": getattr(fusions, "attention_op", None),
-        "qk_path": inner.qk_path(fusions) if fusions is not None else None,
+        "fusions": plan.fusions.active() if plan is not None else [],
+        "attention_op": plan.fusions.attention_op if plan is not None else None,
+        "qk_path": plan.qk_path if plan is not None else None,
         "device": str(parameter.device),
         "dtype": str(parameter.dtype).removeprefix("torch."),
     }
@@ -159,7 +159,8 @@ def embed(llm, texts: Sequence[str]) -> torch.Tensor:
 
 def fusion_variants(llm, texts: Sequence[str]) -> dict[str, torch.Tensor]:
     """forward_packed on the loaded model: all fusions, all off, each one off in turn."""
-    from vllm_npu_ext.envs import FUSIONS, FusionConfig
+    from vllm_npu_ext.envs import FUSIONS
+    from vllm_npu_ext.model_executor.layers.npu_plan import FusionConfig
     from vllm_npu_ext.ops.packed import PackedSeqs
     from vllm_npu_ext.ops.pooling import last_token_pool
 
@@ -172,8 +173,9 @@ def fusion_variants(llm, texts: Sequence[str]) -> dict[str, torch.Tensor]:
         device = inner.embed_tokens.weight.device
         input_ids = torch.tensor([i for ids in token_ids for i in ids], device=device)
         positions = torch.cat([torch.arange(len(ids)) for ids in token_ids]).to(device)
-        configs = {"all_on": inner.fusions, "all_off": FusionConfig.all_off()}
-        configs.update({f"no_{name}": inner.fusions.without(name) for name in FUSIONS})
+        fusions = inner.plan.fusions
+        configs = {"all_on": fusions, "all_off": FusionConfig.all_off()}
+        configs.update({f"no_{name}": fusions.without(name) for name in FUSIONS})
         cu_seqlens = seqs.cu_seqlens_tensor(device)
         with torch.no_grad():
             return {

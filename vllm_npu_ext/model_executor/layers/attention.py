@@ -24,12 +24,32 @@ from vllm.model_executor.layers.rotary_embedding import get_rope
 from vllm_npu_ext.model_executor.layers import fused
 from vllm_npu_ext.model_executor.layers.cache_free import op as cache_free_op
 from vllm_npu_ext.model_executor.layers.cache_free.backend import CacheFreeCausalAttention
-from vllm_npu_ext.model_executor.layers.npu_step import QK_FUSED, QK_MROPE, NpuStep
+from vllm_npu_ext.model_executor.layers.npu_plan import QK_FUSED, QK_MROPE
+from vllm_npu_ext.model_executor.layers.npu_step import NpuStep
 from vllm_npu_ext.ops import attention, linear, qk_norm_rope, rotary
 
 
+def head_dim_of(config) -> int:
+    """Qwen3's head size: `head_dim` where the config sets it, else hidden_size / heads."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def rotary_embedding(config) -> nn.Module:
+    """vLLM's rotary embedding for a Qwen3 config (`get_rope`): one per model, passed to every
+    attention layer."""
+    return get_rope(
+        head_dim_of(config),
+        max_position=config.max_position_embeddings,
+        rope_parameters=getattr(config, "rope_parameters", None),
+    )
+
+
 class Qwen3Attention(nn.Module):
-    def __init__(self, config, cache_config, quant_config, prefix: str, cache_free: bool):
+    """`rotary_emb`: the model's one vLLM rotary embedding (`get_rope`), shared by its layers."""
+
+    def __init__(
+        self, config, cache_config, quant_config, prefix: str, cache_free: bool, rotary_emb
+    ):
         super().__init__()
         tp_size = get_tensor_model_parallel_world_size()
         total_heads, total_kv_heads = config.num_attention_heads, config.num_key_value_heads
@@ -40,7 +60,7 @@ class Qwen3Attention(nn.Module):
             )
         self.num_heads = total_heads // tp_size
         self.num_kv_heads = max(1, total_kv_heads // tp_size)
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // total_heads
+        self.head_dim = head_dim_of(config)
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.scaling = self.head_dim**-0.5
@@ -57,11 +77,7 @@ class Qwen3Attention(nn.Module):
             total_heads * self.head_dim, config.hidden_size, bias=bias,
             quant_config=quant_config, prefix=f"{prefix}.o_proj",
         )  # fmt: skip
-        self.rotary_emb = get_rope(
-            self.head_dim,
-            max_position=config.max_position_embeddings,
-            rope_parameters=getattr(config, "rope_parameters", None),
-        )
+        self.rotary_emb = rotary_emb
         self.cache_free = cache_free
         attn_cls = CacheFreeCausalAttention if cache_free else Attention
         self.attn = attn_cls(
@@ -78,7 +94,7 @@ class Qwen3Attention(nn.Module):
     ) -> torch.Tensor:
         if step is None:
             return self._forward_platform(positions, hidden_states)
-        return self._forward_npu(hidden_states, step)
+        return self._forward_npu(positions, hidden_states, step)
 
     @property
     def neox(self) -> bool:
@@ -93,9 +109,9 @@ class Qwen3Attention(nn.Module):
         output, _ = self.o_proj(self.attn(q, k, v))
         return output
 
-    def _forward_npu(self, hidden_states: torch.Tensor, step: NpuStep) -> torch.Tensor:
+    def _forward_npu(self, positions, hidden_states: torch.Tensor, step: NpuStep) -> torch.Tensor:
         tokens = hidden_states.shape[0]
-        q, k, v = self._qkv_normed_and_rotated(hidden_states, step)
+        q, k, v = self._qkv_normed_and_rotated(positions, hidden_states, step)
         if step.seqs is not None:  # explicit boundaries (forward_packed)
             out = attention.varlen_attention(
                 q, k, v, step.seqs, self.scaling,
@@ -111,21 +127,21 @@ class Qwen3Attention(nn.Module):
             out = self.attn(q.view(tokens, -1), k.view(tokens, -1), v.view(tokens, -1))
         return fused.project(self.o_proj, out, step)
 
-    def _qkv_normed_and_rotated(self, hidden_states: torch.Tensor, step: NpuStep):
+    def _qkv_normed_and_rotated(self, positions, hidden_states: torch.Tensor, step: NpuStep):
         """q `[T, Nq, D]`, k and v `[T, Nkv, D]`, q and k normed and rotated (`step.qk_path`)."""
         tokens = hidden_states.shape[0]
         if step.qk_path == QK_FUSED:
             qkv = fused.project(self.qkv_proj, hidden_states, step)
             sizes = (self.q_size, self.kv_size, self.head_dim)
             return qk_norm_rope.qkv_norm_rope(
-                qkv, step.positions, step.cos_sin_cache, (self.q_norm, self.k_norm), sizes,
+                qkv, positions, step.cos_sin_cache, (self.q_norm, self.k_norm), sizes,
                 fused=True,
             )  # fmt: skip
         q, k, v = self._project_qkv(hidden_states, step)
         q = fused.rms_norm(self.q_norm, q.view(tokens, self.num_heads, self.head_dim), step)
         k = fused.rms_norm(self.k_norm, k.view(tokens, self.num_kv_heads, self.head_dim), step)
         if step.qk_path == QK_MROPE:
-            q, k = rotary.apply_rotary_qk(q, k, step.positions, step.cos_sin_cache, npu=step.npu)
+            q, k = rotary.apply_rotary_qk(q, k, positions, step.cos_sin_cache, npu=step.npu)
         else:  # npu_rotary_mul per tensor (None: the reference) on the gathered tables
             q = rotary.apply_rotary(q, step.cos, step.sin, npu=step.ops("rotary"))
             k = rotary.apply_rotary(k, step.cos, step.sin, npu=step.ops("rotary"))

@@ -12,8 +12,8 @@ import torch
 
 from vllm_npu_ext import envs
 
-SWITCH = "VLLM_NPU_EXT_CPU_FLOAT32_MATMUL"
-CHOICES = ("auto", "1", "0")
+SWITCH = envs.CPU_FLOAT32_MATMUL.name
+CHOICES = envs.CPU_FLOAT32_MATMUL.choices
 HALF_DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -28,9 +28,7 @@ def native_half_matmul(dtype: torch.dtype) -> bool:
 def choose(dtype: torch.dtype, cpu_platform_path: bool) -> tuple[bool, str]:
     """(on, why) for a model of `dtype` whose projections run the platform path on the CPU
     (`cpu_platform_path`) or not. ValueError for a value of the switch it does not know."""
-    value = envs.get(SWITCH).strip().lower()
-    if value not in CHOICES:
-        raise ValueError(f"{SWITCH} must be one of {CHOICES}, got {value!r}")
+    value = envs.CPU_FLOAT32_MATMUL()
     if not cpu_platform_path:
         return False, "not the CPU platform path"
     if dtype not in HALF_DTYPES:

@@ -4,11 +4,8 @@ The model keeps vLLM's `RMSNorm` and parallel linear modules (same parameter nam
 weight loaders, tensor parallelism, and on Ascend whatever vllm-ascend substitutes for them).
 With `step is None` these functions simply call the module (vLLM's kernel for the platform);
 with an `NpuStep` they run the torch_npu operator on the module's parameters, or the PyTorch
-reference when that fusion is switched off.
-
-A norm's parameters are its weight and, on vllm-ascend, a bias: its RMSNorm carries one for
-quantised checkpoints whose description lists norm biases and adds it to the normalised output
-once loaded (vllm-ascend 0.23.0.post1 `ops/layernorm.py`:43-46, 72-84); so does the NPU path.
+reference when that fusion is switched off. A norm's bias, where vllm-ascend's RMSNorm carries
+one, is added as `ops.layernorm` says.
 """
 
 from __future__ import annotations
@@ -29,8 +26,10 @@ from vllm_npu_ext.ops import layernorm, linear
 def rms_norm(norm: nn.Module, x: torch.Tensor, step: NpuStep | None) -> torch.Tensor:
     if step is None:
         return norm(x)
-    out = layernorm.rms_norm(x, norm.weight, norm.variance_epsilon, npu=step.ops("rms_norm"))
-    return _add_norm_bias(norm, out)
+    return layernorm.rms_norm(
+        x, norm.weight, norm.variance_epsilon, npu=step.ops("rms_norm"),
+        bias=layernorm.norm_bias(norm),
+    )  # fmt: skip
 
 
 def add_rms_norm(
@@ -39,19 +38,10 @@ def add_rms_norm(
     """`(norm(x + residual), x + residual)`."""
     if step is None:
         return norm(x, residual)
-    out, summed = layernorm.add_rms_norm(
-        x, residual, norm.weight, norm.variance_epsilon, npu=step.ops("add_rms_norm")
-    )
-    return _add_norm_bias(norm, out), summed
-
-
-def _add_norm_bias(norm: nn.Module, out: torch.Tensor) -> torch.Tensor:
-    """`out + norm.bias` when the norm has a loaded bias (vllm-ascend's RMSNorm: `bias_loaded`;
-    an unloaded one is zeros); `out` unchanged otherwise (vLLM's RMSNorm has none)."""
-    bias = getattr(norm, "bias", None)
-    if bias is None or not getattr(norm, "bias_loaded", True):
-        return out
-    return out.add_(bias)
+    return layernorm.add_rms_norm(
+        x, residual, norm.weight, norm.variance_epsilon, npu=step.ops("add_rms_norm"),
+        bias=layernorm.norm_bias(norm),
+    )  # fmt: skip
 
 
 def project(layer: LinearBase, x: torch.Tensor, step: NpuStep | None) -> torch.Tensor:

@@ -2,7 +2,7 @@
 
 Layers receive it explicitly (never through a global): `None` means the platform path
 (vLLM's own kernels: CPU, CUDA, ...); an `NpuStep` means torch_npu operators, fused where the
-`FusionConfig` says so and the PyTorch reference otherwise.
+model's `NpuPlan` says so and the PyTorch reference otherwise.
 """
 
 from __future__ import annotations
@@ -13,26 +13,19 @@ from types import ModuleType
 import torch
 from torch import nn
 
-from vllm_npu_ext.envs import FusionConfig
+from vllm_npu_ext.model_executor.layers.npu_plan import FusionConfig
 from vllm_npu_ext.ops import rotary
 from vllm_npu_ext.ops.packed import PackedSeqs
-
-# How q and k get their per-head norms and rotary on the NPU path, per model and fusions
-# (`Qwen3Model.qk_path`): one vllm-ascend operator after a merged projection; the norms, then
-# npu_mrope for q and k together; the norms, then npu_rotary_mul per tensor; the norms, then
-# the PyTorch rotary.
-QK_FUSED, QK_MROPE, QK_ROTARY_MUL, QK_REFERENCE = "qkv_rmsnorm_rope", "mrope", "rotary_mul", "ref"
-QK_PATHS = (QK_FUSED, QK_MROPE, QK_ROTARY_MUL, QK_REFERENCE)
 
 
 @dataclasses.dataclass(frozen=True)
 class NpuStep:
-    """What every layer of one NPU forward pass shares.
+    """What every layer of one NPU forward pass shares (positions come as the layers' argument).
 
     npu: torch_npu, as `ops.dispatch` chose it. fusions: which fused operators to use.
-    qk_path: one of QK_PATHS. positions `[T]` and cos_sin_cache `[max_pos, rotary_dim]` (in the
-    model's dtype) for the paths that take them; cos, sin: `[T, D]` rotary tables gathered
-    for this batch's positions (once, not per layer) for the paths that need them, else None.
+    qk_path: one of `npu_plan.QK_PATHS`. cos_sin_cache `[max_pos, rotary_dim]` in the model's
+    dtype, for the paths that take it; cos, sin: `[T, D]` rotary tables gathered for this
+    batch's positions (once, not per layer) for the paths that need them, else None.
     seqs: explicit sequence boundaries (`forward_packed`); None in vLLM's forward, where
     cache-free attention reads them itself (`cache_free/op.py`) and attention with a KV cache
     goes through vLLM's attention layer.
@@ -41,7 +34,6 @@ class NpuStep:
     npu: ModuleType
     fusions: FusionConfig
     qk_path: str
-    positions: torch.Tensor
     cos_sin_cache: torch.Tensor
     cos: torch.Tensor | None
     sin: torch.Tensor | None

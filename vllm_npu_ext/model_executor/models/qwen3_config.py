@@ -1,30 +1,33 @@
-"""Graph modes for cache-free pooling runs of our Qwen3: vLLM's per-architecture config hook
-and the start-up check.
+"""Start-up decisions for our Qwen3: whether pooling may go without a KV cache, graph modes for
+cache-free pooling runs (vLLM's per-architecture config hook and the start-up check), and how
+the build log describes compilation.
 
 Cache-free attention (`layers/cache_free/op.py`) reads each batch's sequence boundaries on the
 host, so a graph that captures it must have them updated after each replay
 (`layers/cache_free/full_graph.py`): where FIA takes the model (bfloat16, head_dim 128/192) vLLM's
 piecewise machinery captures the whole forward as one graph (our op is no splitting op), and
 the model updates FIA after each replay; elsewhere piecewise graphs split at the op. vLLM's
-own full modes stay off for it (vllm-ascend 0.23's full-graph warm-up indexes a block table
-that a model without a KV cache lacks: `_dummy_run(force_attention=True)`,
-`worker/model_runner_v1.py:3535-3538`).
+own full modes stay off for it (vllm-ascend 0.23's full-graph warm-up,
+`NPUModelRunner._dummy_run(force_attention=True)`, indexes a block table that a model without
+a KV cache lacks).
 
 - Default on Ascend (vLLM 0.23, vllm-ascend 0.23): mode VLLM_COMPILE with PIECEWISE graphs.
-  O2 asks for FULL_AND_PIECEWISE (`vllm/config/vllm.py:257`), and vLLM turns every full mode
-  of a pooling model into PIECEWISE on platforms with static graphs, Ascend included
-  (`vllm/config/vllm.py:1218-1229`, before the platform's `check_and_update_config`).
-- `Qwen3GraphModeHook` runs first in `VllmConfig.__post_init__` (`MODELS_CONFIG_MAP`, vLLM 0.23
-  `config/vllm.py:856,1880-1900`; 0.32 `:1443,2629-2660`), for pooling runs of our cache-free
-  class only. It turns a full mode the user forced into PIECEWISE (as 0.23 does, and as later
-  versions might not), puts our op among vLLM's default splitting ops (`_attention_ops`, copied
-  when `splitting_ops` is unset: 0.23 `config/compilation.py:1121-1130`, 0.32 `:1166-1177`;
-  vllm-ascend's PIECEWISE branch calls the same fill, `platform.py:599-622`), and adds it to a
-  list the user gave, unless the run gets one graph per forward (`full_graph_obstacle`).
+  O2 asks for FULL_AND_PIECEWISE (vLLM 0.23 `config/vllm.py` `OPTIMIZATION_LEVEL_02`), and
+  vLLM turns every full mode of a pooling model into PIECEWISE on platforms with static graphs,
+  Ascend included (`VllmConfig.__post_init__`, before the platform's `check_and_update_config`).
+- `Qwen3GraphModeHook` runs first in `VllmConfig.__post_init__` (through
+  `VllmConfig.try_verify_and_update_config` and `MODELS_CONFIG_MAP`, vLLM 0.23 and 0.32), for
+  pooling runs of our cache-free class only. It turns a full mode the user forced into PIECEWISE
+  (as 0.23 does, and as later versions might not), puts our op among vLLM's default splitting
+  ops (`_attention_ops`, copied when `splitting_ops` is unset by
+  `CompilationConfig.set_splitting_ops_for_v1`, 0.23 and 0.32; vllm-ascend 0.23's PIECEWISE
+  branch of `NPUPlatform.check_and_update_config` calls the same fill), and adds it to a list
+  the user gave, unless the run gets one graph per forward (`full_graph_obstacle`).
 - `check_graph_mode` runs when the model is built (after every config change, platform ones
   included, before any warm-up) and raises a clear ValueError if a full mode or a piecewise
   split without our op survived, e.g. vllm-ascend's xlite decode-only mode, which sets
-  FULL_DECODE_ONLY after vLLM's override (`vllm_ascend/platform.py:517-525`), or if
+  FULL_DECODE_ONLY after vLLM's override (vllm-ascend 0.23
+  `NPUPlatform.check_and_update_config`), or if
   vllm-ascend's profiling-based chunking would force attention in a dummy run.
 """
 
@@ -32,18 +35,19 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from vllm_npu_ext import compat, envs
+from vllm_npu_ext import compat, envs, patches
 from vllm_npu_ext.logger import get_logger
 from vllm_npu_ext.model_executor.layers.cache_free.op import SPLITTING_OP
+from vllm_npu_ext.model_executor.layers.npu_plan import FusionConfig
 from vllm_npu_ext.ops import attention
-from vllm_npu_ext.patches import vllm_model_registry
+from vllm_npu_ext.patches import vllm_config_hooks, vllm_model_registry
 
 logger = get_logger(__name__)
 
 ARCHITECTURE = "Qwen3ForCausalLM"  # the checkpoint name vLLM keys MODELS_CONFIG_MAP with
 # Qwen3-Reranker's (`--reranker`, and Qwen3 seq-cls checkpoints): our class under vLLM's adapter.
 RERANKER_ARCHITECTURE = "Qwen3ForSequenceClassification"
-CACHE_FREE_SWITCH = envs.KV_CACHE_FREE_SWITCH
+CACHE_FREE_SWITCH = envs.KV_CACHE_FREE.name
 
 
 def kv_cache_features(vllm_config: Any) -> list[str]:
@@ -58,12 +62,27 @@ def kv_cache_features(vllm_config: Any) -> list[str]:
     ]
 
 
+def cache_free_allowed(vllm_config: Any) -> bool:
+    """Prefix caching and chunked prefill need keys from earlier steps: a KV cache.
+
+    vLLM turns both off for our cache-free pooling class unless the user asked for them;
+    then the user's choice wins and pooling keeps the KV cache.
+    """
+    wanted = kv_cache_features(vllm_config)
+    if wanted:
+        logger.warning(
+            "vllm-npu-ext: %s requested, so pooling keeps the KV cache (cache-free pooling "
+            "cannot serve it)", " and ".join(wanted),
+        )  # fmt: skip
+    return not wanted
+
+
 def cache_free_pooling(vllm_config: Any) -> bool:
     """Whether this run gets our cache-free Qwen3 (a pooling run, nothing needing a KV cache)."""
     model_config = vllm_config.model_config
     if model_config is None or getattr(model_config, "runner_type", None) != "pooling":
         return False
-    if not vllm_model_registry.ours_for(model_config) or not envs.flag(CACHE_FREE_SWITCH):
+    if not vllm_model_registry.ours_for(model_config) or not envs.KV_CACHE_FREE():
         return False
     return not kv_cache_features(vllm_config)
 
@@ -88,18 +107,18 @@ class Qwen3GraphModeHook:
 
 def full_graph_obstacle(vllm_config: Any) -> str | None:
     """Why a cache-free pooling run cannot capture attention inside one graph per forward
-    (`layers/cache_free/full_graph.py`); None when it can: the NPU path, fused attention through FIA
-    (bfloat16, head_dim 128 or 192 per `ops.attention.choose_operator`), at most FIA's
+    (`layers/cache_free/full_graph.py`); None when it can: the NPU path, fused attention through
+    FIA (bfloat16, head_dim 128 or 192 per `ops.attention.choose_operator`), at most FIA's
     sequence limit per batch with the padding sequence, and VLLM_NPU_EXT_FULL_GRAPH on."""
-    if not envs.flag(envs.FULL_GRAPH_SWITCH):
-        return f"{envs.FULL_GRAPH_SWITCH}=0"
+    if not envs.FULL_GRAPH():
+        return f"{envs.FULL_GRAPH}=0"
     if not compat.npu_path_expected():
         return "not the NPU path"
     from vllm.platforms import current_platform
 
     if not current_platform.support_static_graph_mode():
         return f"the {current_platform.device_type} platform captures no graphs"
-    fusions = envs.FusionConfig.from_env()
+    fusions = FusionConfig.from_env()
     if not fusions.attention:
         return "fused attention is off"
     model_config = vllm_config.model_config
@@ -135,16 +154,16 @@ def keep_attention_outside_graphs(vllm_config: Any) -> None:
     ops = compilation_config.splitting_ops
     obstacle = full_graph_obstacle(vllm_config)
     if obstacle is None and not (ops and SPLITTING_OP in ops):
-        compat.remove_default_splitting_op(SPLITTING_OP)
+        patches.revert("vllm_splitting_ops", SPLITTING_OP)
         logger.info(
             "vllm-npu-ext: one graph per forward for cache-free pooling: attention is captured "
             "inside it and its sequence lengths are updated after each replay (%s=0 splits the "
-            "graphs at attention instead)", envs.FULL_GRAPH_SWITCH,
+            "graphs at attention instead)", envs.FULL_GRAPH,
         )  # fmt: skip
         return
     logger.info("vllm-npu-ext: piecewise graphs, cache-free attention between them: %s",
                 obstacle or f"splitting_ops given with {SPLITTING_OP}")  # fmt: skip
-    compat.add_default_splitting_op(SPLITTING_OP)
+    patches.apply("vllm_splitting_ops", SPLITTING_OP)
     if ops and SPLITTING_OP not in ops:
         logger.info("vllm-npu-ext: splitting_ops given; adding %s", SPLITTING_OP)
         ops.append(SPLITTING_OP)
@@ -158,9 +177,9 @@ def check_graph_mode(vllm_config: Any, compiled: bool) -> str:
     additional = getattr(vllm_config, "additional_config", None)
     profiling = additional.get("profiling_chunk_config") if isinstance(additional, dict) else None
     if isinstance(profiling, dict) and profiling.get("enabled"):
-        # NPUWorker.profile_prefill_latency -> _dummy_run(force_attention=True) indexes the
-        # block table of every KV-cache group (vllm_ascend/worker/worker.py:808-851,
-        # model_runner_v1.py:3535-3538): none exists for cache-free pooling.
+        # vllm-ascend 0.23 NPUWorker.profile_prefill_latency -> NPUModelRunner._dummy_run(
+        # force_attention=True) indexes the block table of every KV-cache group: none exists
+        # for cache-free pooling.
         raise ValueError(
             "vllm-npu-ext: profiling_chunk_config needs a KV cache; set "
             f"{CACHE_FREE_SWITCH}=0 (pooling with vLLM's KV cache) or leave it off"
@@ -177,8 +196,8 @@ def check_graph_mode(vllm_config: Any, compiled: bool) -> str:
     ops = compilation_config.splitting_ops or []
     if compiled and SPLITTING_OP in ops:
         return "piecewise"
-    # Piecewise with an empty list captures nothing: vLLM sets NONE for it
-    # (vllm/config/compilation.py:1151-1168 in 0.23).
+    # Piecewise with an empty list captures nothing: vLLM 0.23 sets NONE for it
+    # (`CompilationConfig.set_splitting_ops_for_v1`).
     piecewise = mode is not None and mode.has_piecewise_cudagraphs()
     if not (compiled and piecewise) or compilation_config.splitting_ops == []:
         return "none"
@@ -192,12 +211,23 @@ def check_graph_mode(vllm_config: Any, compiled: bool) -> str:
     return "full"
 
 
+def describe_compilation(compiled: bool, graph_mode: str) -> str:
+    """The build log's compilation clause, for `check_graph_mode`'s result."""
+    if not compiled:
+        return "; eager (not compiled)"
+    if graph_mode == "full":
+        return ("; compiled by vLLM, one graph per forward with attention inside (FIA's "
+                "sequence lengths updated after each replay)")  # fmt: skip
+    if graph_mode == "piecewise":
+        return f"; compiled by vLLM, attention ({SPLITTING_OP}) between the graphs"
+    return "; compiled by vLLM"
+
+
 class Qwen3RerankerGraphModeHook(Qwen3GraphModeHook):
     """`MODELS_CONFIG_MAP[RERANKER_ARCHITECTURE]`, in front of vLLM's own entry there
     (`Qwen3ForSequenceClassificationConfig`, which converts the reranker's head). Without it a
-    reranker served in graph mode on the NPU path split its graphs without our attention op,
-    and `check_graph_mode` refused to start: found serving `--reranker` without
-    `--enforce-eager` under vllm-ascend (tests/with_vllm_ascend)."""
+    reranker served in graph mode on the NPU path would split its graphs without our attention
+    op, and `check_graph_mode` would refuse to start."""
 
     previous: ClassVar[Any] = None
 
@@ -208,5 +238,5 @@ HOOKS = {ARCHITECTURE: Qwen3GraphModeHook, RERANKER_ARCHITECTURE: Qwen3RerankerG
 def install() -> str:
     """Register the hooks (idempotent); returns a line for register()'s log."""
     for architecture, hook in HOOKS.items():
-        hook.previous = compat.install_config_hook(architecture, hook)
+        hook.previous = vllm_config_hooks.replace_entry(architecture, hook)
     return f"graph-mode hook for {' and '.join(HOOKS)} pooling runs"

@@ -14,25 +14,25 @@ depends on the path that reads the metadata, decided as the model decides it for
   implementation runs these layers and needs the backend's full metadata, so the backend's
   builder builds it and PackedSeqs is added to it. On vLLM 0.23 the builder also adds a
   per-step scratch K/V buffer (`cpu_causal_attention.attach_scratch_kv`), so that these
-  layers run the
-  batched CPU kernel stock vLLM's decoder layers use instead of SDPA per request.
+  layers run the batched CPU kernel stock vLLM's decoder layers use instead of SDPA per
+  request.
 - NPU path (an Ascend NPU, or CPU tensors under the emulator): the only reader is our op
   (`cache_free/op.py`, through `forward_context.packed_seqs_for_layer`), which reads PackedSeqs and
-  nothing else, so the backend's `build` is not called. On vllm-ascend 0.23.0.post1 that
-  `build` (`vllm_ascend/attention/attention_v1.py:276-372`) did, per step and per KV cache
-  group, work that nothing reads on this path: `AttentionMaskBuilder.get_attention_mask`
-  (:312), which for pooling runs returns the 2048x2048 bool mask (4 MiB) copied to the
-  device on every call (`attention/attention_mask.py:51,75-77`), and a pinned host copy of
-  `query_start_loc_cpu` sent to the device (:315), though the runner already holds that
-  tensor there (`common_attn_metadata.query_start_loc`, `worker/model_runner_v1.py:3162`).
+  nothing else, so the backend's `build` is not called. On vllm-ascend 0.23.0.post1 that `build`
+  (`AscendAttentionMetadataBuilder.build`) did, per step and per KV cache group, work that nothing
+  reads on this path: `AttentionMaskBuilder.get_attention_mask`, which for pooling runs returns the
+  2048x2048 bool mask (4 MiB) copied to the device on every call
+  (`AttentionMaskBuilder.get_attn_mask`), and a pinned host copy of `query_start_loc_cpu` sent to
+  the device, though the runner already holds that tensor there
+  (`common_attn_metadata.query_start_loc`, `NPUModelRunner._build_attention_metadata`).
   Counted in `tests/with_vllm_ascend/test_metadata_builder.py`, with the runner's own metadata.
   Instead the builder returns the backend's declared metadata type (`M` of
   `AttentionMetadataBuilder[M]`) filled with `CacheFreeMetadata`'s fields: host values and
   tensors the runner already built, no copy and no device work. That needs `M` to be a
   dataclass whose required fields are among them; vllm-ascend's `AscendMetadata`
-  (attention_v1.py:155-214) has defaults for all, and its code outside the attention
-  backend reads `num_actual_tokens` from it (`vllm_ascend/platform.py:1016`, the forward
-  context of its model runner v2). Fields left at their defaults (mask, decode/prefill
+  (`attention/attention_v1.py`) has defaults for all, and its code outside the attention
+  backend reads `num_actual_tokens` from it (`NPUPlatform.set_additional_forward_context`,
+  the forward context of its model runner v2). Fields left at their defaults (mask, decode/prefill
   split, KV-cache events) are read only by the backend's own implementation, which does not
   run these layers. Any other `M` (vLLM's CPU backend requires its scheduler metadata)
   gives way to `CacheFreeMetadata` itself.
@@ -66,7 +66,7 @@ from vllm_npu_ext.ops.packed import PackedSeqs
 class CacheFreeMetadata:
     """Per-step metadata of cache-free layers on the NPU path (module docstring).
 
-    Names and meanings follow vllm-ascend's `AscendMetadata` (attention_v1.py:155-214):
+    Names and meanings follow vllm-ascend 0.23.0.post1's `AscendMetadata`:
     `seq_lens`, `seq_lens_cpu` and `seq_lens_list` are host-side; `query_start_loc`,
     `block_tables` and `slot_mapping` are the runner's own tensors, passed on uncopied.
     """

@@ -1,16 +1,16 @@
 """One graph replay per forward for cache-free pooling: attention captured inside the graph, its
 sequence lengths updated after each replay.
 
-FIA in TND layout takes each batch's sequence boundaries as host lists, so a graph that
-captured it would replay the boundaries of its capture. vllm-ascend 0.23 solves this for its
-own full decode graphs and for its vision encoder's graphs (`attention/attention_v1.py:
-806-982` and :454-799, `worker/encoder_acl_graph.py:135-253`, `ops/mm_encoder_attention.py:
-223-313`): at capture, each FIA is `npu_fused_infer_attention_score.out` with a workspace sized
-for the capture's shapes (`_npu_fused_infer_attention_score_get_max_workspace`), inside a task
-group, behind the wait of an `ExternalEvent`; after each replay is launched, the host re-issues
-each FIA with the step's lengths between `graph_task_update_begin/end` on a second stream and
-records the event, which lets the replay's FIA run. Padding to the capture size is one more
-sequence (`PackedSeqs.padded_to`).
+FIA in TND layout takes each batch's sequence boundaries as host lists, so a graph that captured it
+would replay the boundaries of its capture. vllm-ascend 0.23 solves this for its own full decode
+graphs and for its vision encoder's graphs (`AscendAttentionBackendImpl.full_graph_fia` and
+`.update_graph_params`, `worker/encoder_acl_graph.py` `update_encoder_graph_params`,
+`AscendMMEncoderAttention._forward_capture_fia`): at capture, each FIA is
+`npu_fused_infer_attention_score.out` with a workspace sized for the capture's shapes
+(`_npu_fused_infer_attention_score_get_max_workspace`), inside a task group, behind the wait of an
+`ExternalEvent`; after each replay is launched, the host re-issues each FIA with the step's lengths
+between `graph_task_update_begin/end` on a second stream and records the event, which lets the
+replay's FIA run. Padding to the capture size is one more sequence (`PackedSeqs.padded_to`).
 
 What this module adds to that pattern, because a replay is asynchronous on the device:
 - the workspace of each graph is sized for the most sequences a replay of it may carry

@@ -1,10 +1,10 @@
 """`torch.ops.vllm_npu_ext.cache_free_attention`: cache-free causal attention as one opaque op.
 
 The NPU path's fused attention takes each batch's sequence boundaries as host-side Python
-lists (`actual_seq_lengths`, torch-npu `_op_plugin_docs.py:8038`), which change every step. A
-graph that captured them would replay stale boundaries, so attention must run outside the
-compiled and captured graphs, and it must be the only code that reads them. This op is that
-boundary:
+lists (`actual_seq_lengths`, torch-npu 2.10.0.post4's FIA documentation), which change every
+step. A graph that captured them would replay stale boundaries, so attention must run outside
+the compiled and captured graphs, and it must be the only code that reads them. This op is
+that boundary:
 
 - where FIA takes the model (bfloat16, head_dim 128/192), vLLM captures the whole forward as
   one graph with this op inside: called while a capture is under way it captures FIA as
@@ -14,19 +14,18 @@ boundary:
   `vllm::unified_attention_with_output`), so on Ascend everything else in a decoder layer is
   captured by vllm-ascend's piecewise ACL graphs and this op runs eagerly between them;
 - its kernel reads the running batch's `PackedSeqs` from the forward context
-  (`forward_context.packed_seqs_for_layer`) and calls `ops.attention.varlen_attention` with
-  the layer's
-  fusion switch and operator choice (FIA, or npu_fusion_attention where FIA lacks the dtype);
+  (`forward_context.packed_seqs_for_layer`) and calls `ops.attention.varlen_attention` with the
+  layer's fusion switch and operator choice (FIA, or npu_fusion_attention where FIA lacks the
+  dtype);
 - it writes into an `output` buffer that the traced code allocates before the call, as vLLM's
-  `unified_attention_with_output` does (vLLM 0.23 `layers/attention/attention.py:478,521`):
-  that buffer then belongs to the graph before the op,
-  so the graph after it reads the same address on every replay (vllm-ascend's
-  `ACLGraphWrapper` replays with the captured input addresses and copies nothing,
-  `vllm_ascend/compilation/acl_graph.py:168-169,236-257`); a fresh result tensor would be
-  read from its capture-time address. FIA writes its result there itself (its `.out`
-  overload, W:8477-8530), one launch; `npu_fusion_attention`'s result is copied into it, as
-  vllm-ascend's own attention copies FIA's (`output[:num_tokens] = attn_output[:num_tokens]`,
-  `vllm_ascend/attention/attention_v1.py:1366, 1543-1544`);
+  `unified_attention_with_output` does (vLLM 0.23 `Attention.forward`): that buffer then
+  belongs to the graph before the op, so the graph after it reads the same address on every
+  replay (vllm-ascend 0.23's `ACLGraphWrapper.__call__` replays with the captured input
+  addresses and copies nothing); a fresh result tensor would be read from its capture-time
+  address. FIA writes its result there itself (its `.out` overload, torch-npu 2.10.0.post4),
+  one launch; `npu_fusion_attention`'s result is copied into it, as vllm-ascend's own
+  attention copies FIA's (`output[:num_tokens] = attn_output[:num_tokens]`,
+  `AscendAttentionBackendImpl.forward`);
 - its fake kernel (no outputs) lets `torch.compile` trace through it.
 
 Arguments: query `[T, Nq, D]`, key and value `[T, Nkv, D]` (one dtype; value contiguous),
@@ -51,7 +50,7 @@ OP_SCHEMA = (
 )
 # Inside one graph per forward the op returns its result: a mutating op there would reach the
 # compiled graph wrapped in auto_functionalized, whose plain execution (vllm-ascend compiles
-# with aot_autograd and runs the FX graph: compilation/compiler_interface.py:39-67) clones the
+# with aot_autograd and runs the FX graph: its `compiler_interface.compile_fx`) clones the
 # output buffer first, one more copy per layer.
 IN_GRAPH_OP_NAME = "cache_free_attention_in_graph"
 IN_GRAPH_OP_SCHEMA = (
