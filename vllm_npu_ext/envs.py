@@ -1,8 +1,13 @@
 """Every environment variable the package reads, in one place.
 
-Values are read when asked for (not cached at import), so a process that changes its
-environment before building a model sees the change. `describe()` returns the state of
-every switch for `vllm-npu-ext doctor`.
+One object per variable (`Variable`, `Flag`, `PositiveInt`): its name, documented default and
+meaning, and the values it takes. Calling it reads the environment then (nothing is cached at
+import, so a process that changes its environment before building a model sees the change) and
+returns the typed value; choices are checked by one helper, `checked_choice`, as vLLM's
+`envs.env_with_choices` does. `VARIABLES` lists them all (vLLM learns them: patches/
+vllm_environment.py; docs/environment.md documents them) and `describe()` reports them for
+`vllm-npu-ext doctor`. This module imports neither torch nor vLLM: the platform plugin reads it
+before torch_npu loads.
 """
 
 from __future__ import annotations
@@ -53,13 +58,12 @@ def checked_choice(name: str, value: str, choices: Sequence[str]) -> str:
 class Variable:
     """One environment variable: its documented default and meaning, and the values it takes
     (`choices`, empty for free text). Calling it reads the environment now, stripped, and
-    validates a choice (lower-cased first unless `case_sensitive`)."""
+    validates a choice (lower-cased first)."""
 
     name: str
     default: str
     meaning: str
     choices: tuple[str, ...] = ()
-    case_sensitive: bool = False
 
     def __str__(self) -> str:
         return self.name
@@ -72,8 +76,7 @@ class Variable:
         value = self.raw().strip()
         if not self.choices:
             return value
-        return checked_choice(self.name, value if self.case_sensitive else value.lower(),
-                              self.choices)  # fmt: skip
+        return checked_choice(self.name, value.lower(), self.choices)
 
 
 class Flag(Variable):
@@ -200,29 +203,14 @@ VARIABLES: dict[str, Variable] = {
         OPP_PATH, HOST_KERNEL_CACHE, TEI_MAX_CLIENT_BATCH_SIZE, SELFCHECK_EMULATE,
     )
 }
-# Names the fusion code reads through `get`/`flag` (kept while it moves to the model).
-MASTER_SWITCH = FUSED.name
-COMPILE_SWITCH = COMPILE.name
-KV_CACHE_FREE_SWITCH = KV_CACHE_FREE.name
-FULL_GRAPH_SWITCH = FULL_GRAPH.name
 
 
-def variable(name: str | Variable) -> Variable:
-    """The variable called `name`; ValueError for a name the package does not read."""
-    found = VARIABLES.get(str(name))
-    if found is None:
-        raise ValueError(f"unknown vllm-npu-ext environment variable: {str(name)!r}")
-    return found
-
-
-def get(name: str | Variable) -> str:
-    """The variable's value as set, or its documented default."""
-    return variable(name).raw()
-
-
-def flag(name: str | Variable) -> bool:
-    """A 0/1 switch read by name (`Flag`)."""
-    return get(name).strip().lower() not in OFF_VALUES
+def get(name: str) -> str:
+    """The variable `name`'s value as set, or its documented default; ValueError for a name
+    the package does not read."""
+    if name not in VARIABLES:
+        raise ValueError(f"unknown vllm-npu-ext environment variable: {name!r}")
+    return VARIABLES[name].raw()
 
 
 def cache_dir() -> Path:

@@ -23,19 +23,18 @@ module, i.e. in CP workers only. Each target is verified first (both functions p
 the expected parameters, and their sources those pinned in the patch table,
 `patches/__init__.py`); if not, a warning is logged and that module is left untouched.
 `VLLM_NPU_EXT_CP_PATCH=0` turns it off. The merge kernel
-(VLLM_NPU_EXT_ATTENTION_UPDATE_KERNEL/_CONTIGUOUS) is read once, by `install()`.
+(VLLM_NPU_EXT_ATTENTION_UPDATE_KERNEL/_CONTIGUOUS) is read once, when the first module is patched.
 `scripts/check_vllm_ascend_patch.py` checks the targets against vllm-ascend's sdist.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import inspect
 import sys
 from types import ModuleType
 
-from vllm_npu_ext import envs, patches
+from vllm_npu_ext import patches
 from vllm_npu_ext.logger import get_logger
 from vllm_npu_ext.patches import on_import
 
@@ -56,20 +55,9 @@ TARGET_SIGNATURES = {
 PATCHED_MARKER = "__vllm_npu_ext_cp_originals__"
 
 
-@dataclasses.dataclass(frozen=True)
-class MergeKernel:
-    """The AttentionUpdate kernel the patched merge runs (`ops.attention_update`), read from the
-    environment once, when the patch is installed."""
-
-    kernel: str
-    contiguous: bool
-
-    @classmethod
-    def from_env(cls) -> MergeKernel:
-        return cls(envs.ATTENTION_UPDATE_KERNEL(), envs.ATTENTION_UPDATE_CONTIGUOUS())
-
-
-_merge_kernel: MergeKernel | None = None
+# The AttentionUpdate kernel of the patched merge (`ops.attention_update.MergeKernel`), read
+# from the environment once, when the first caller module is patched.
+_merge_kernel = None
 
 
 def cp_group_coordinators():
@@ -113,7 +101,7 @@ def npu_attention_update(head_size, attn_out_lse):
     if attn_out_lse.dim() == 3:
         dcp, pcp = cp_group_coordinators()
         attn_out_lse = _from_vllm_ascend_layout(attn_out_lse, dcp.world_size, pcp.world_size)
-    return merge_cp_buffer(attn_out_lse)
+    return merge_cp_buffer(attn_out_lse, _merge_kernel)
 
 
 def _from_vllm_ascend_layout(buffer, dcp_size: int, pcp_size: int):
@@ -154,8 +142,7 @@ def patch_module(module: ModuleType) -> bool:
         return False
     if patches.refusals(NAME, lambda target: getattr(module, target.rpartition(":")[2])):
         return False
-    global _merge_kernel
-    _merge_kernel = _merge_kernel or MergeKernel.from_env()
+    _choose_merge_kernel()
     setattr(module, PATCHED_MARKER, {name: getattr(module, name) for name in REPLACEMENTS})
     for name, replacement in REPLACEMENTS.items():
         setattr(module, name, replacement)
@@ -164,6 +151,15 @@ def patch_module(module: ModuleType) -> bool:
     )
     _register_graph_converter()
     return True
+
+
+def _choose_merge_kernel() -> None:
+    global _merge_kernel
+    if _merge_kernel is None:
+        from vllm_npu_ext.ops.attention_update import MergeKernel
+
+        _merge_kernel = MergeKernel.from_env()
+        logger.info("vllm-npu-ext: CP merge kernel %s", _merge_kernel)
 
 
 def _register_graph_converter() -> None:
@@ -200,10 +196,8 @@ def _vllm_ascend_version() -> str:
 
 def install() -> list[str]:
     """Arrange for the patch (see the module docstring); returns what was arranged."""
-    global _merge_kernel
     if importlib.util.find_spec("vllm_ascend") is None:
         return []
-    _merge_kernel = MergeKernel.from_env()
     version = _vllm_ascend_version()
     if version != TESTED_VERSION:
         logger.warning(
