@@ -34,6 +34,7 @@ import tarfile
 import urllib.request
 from pathlib import Path
 
+from vllm_npu_ext.patches import PATCHES, pins
 from vllm_npu_ext.patches.vllm_ascend_cp import (
     CALLER_MODULES,
     COMMON_MODULE,
@@ -213,9 +214,22 @@ def check_rest_of_package(sources: dict[str, str]) -> dict[str, str | None]:
     }
 
 
+def check_pins(sources: dict[str, str]) -> dict[str, str | None]:
+    """Every vllm-ascend function the patch table pins has a pinned source here."""
+    changed = []
+    for patch in PATCHES.values():
+        for target, versions in patch.pins.items():
+            module, _, qualname = target.partition(":")
+            if module.startswith("vllm_ascend."):
+                text = sources.get(module_path(module), "")
+                if pins.source_hash_in_module(text, qualname) not in versions.values():
+                    changed.append(f"{target} ({patch.name})")
+    return {"pinned sources match (patches/__init__.py)": ", ".join(changed) or None}
+
+
 def run_checks(sources: dict[str, str]) -> dict[str, str | None]:
     """Every check; value None = passed, else what was wrong."""
-    return {**check_callers(sources), **check_rest_of_package(sources)}
+    return {**check_callers(sources), **check_rest_of_package(sources), **check_pins(sources)}
 
 
 def main(argv: list[str] | None = None) -> int:
