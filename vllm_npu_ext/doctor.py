@@ -5,9 +5,11 @@ on: `ascend_stack`), whether an NPU is usable, whether the torch binding of our 
 built and loads, where our custom op package is, the effective `ASCEND_CUSTOM_OPP_PATH` and
 `LD_LIBRARY_PATH` after the bootstrap (and after vllm-ascend's own prepend of its vendor
 directory, which its platform does in every process), the operators of ours that an earlier
-entry shadows, every switch, and whether bf16/fp16 projections multiply in float32 on this
-CPU (the CPU platform path's float32-matmul decision). It exits 1 when something is shadowed
-or broken; each problem names its fix.
+entry shadows, every switch, whether bf16/fp16 projections multiply in float32 on this
+CPU (the CPU platform path's float32-matmul decision), and the source pins of every patch
+(`patches.PATCHES`, read from the installed files without importing them). It exits 1 when
+something is shadowed or broken, or a pinned function's source matches no pin; each problem
+names its fix.
 
 Like every vLLM process, the doctor applies the bootstrap to its own environment first
 (unless VLLM_NPU_EXT_BOOTSTRAP=0), before anything imports torch_npu.
