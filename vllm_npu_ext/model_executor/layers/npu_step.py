@@ -45,31 +45,41 @@ class NpuStep:
 
 
 class RotaryTables(nn.Module):
-    """vLLM's `cos_sin_cache` `[max_pos, rotary_dim]` in the model's dtype (for npu_mrope and
-    vllm-ascend's q/k norm + rope operator) and full-width cos/sin tables `[max_pos, D]` (for
-    `npu_rotary_mul` and the reference), built once.
+    """The model's one rotary table: vLLM's rotary embedding (`source`, which every attention
+    layer takes for the platform path), and for the NPU path its `cos_sin_cache`
+    `[max_pos, rotary_dim]` in the model's dtype (for npu_mrope and vllm-ascend's q/k norm +
+    rope operator) and full-width cos/sin tables `[max_pos, D]` (for `npu_rotary_mul` and the
+    reference), built once.
 
-    Kept as (non-persistent) buffers and built right after loading (`prepare`), so a compiled
-    forward reads them as module state and only the per-batch gather, where a path needs it,
-    is in the graph.
+    The tables are (non-persistent) buffers built right after loading (`prepare`), so a
+    compiled forward reads them as module state and only the per-batch gather, where a path
+    needs it, is in the graph. `source` is registered by each attention layer, as in vLLM's
+    Qwen3, so it is held here without being registered a second time.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, source: nn.Module) -> None:
         super().__init__()
+        self._source = (source,)
         self.register_buffer("cos_sin_cache", torch.empty(0), persistent=False)
         self.register_buffer("cos", torch.empty(0), persistent=False)
         self.register_buffer("sin", torch.empty(0), persistent=False)
 
-    def prepare(self, cos_sin_cache: torch.Tensor, dtype: torch.dtype) -> None:
-        """Build the tables from vLLM's `cos_sin_cache` `[max_pos, rotary_dim]` in `dtype`."""
-        self.cos_sin_cache = cos_sin_cache.to(dtype=dtype).contiguous()
+    @property
+    def source(self) -> nn.Module:
+        """vLLM's rotary embedding (`get_rope`), shared by every attention layer."""
+        return self._source[0]
+
+    def prepare(self, dtype: torch.dtype, device: torch.device | None = None) -> None:
+        """Build the tables from the source's `cos_sin_cache` in `dtype` (on `device`)."""
+        cache = self.source.cos_sin_cache.to(device=device, dtype=dtype)
+        self.cos_sin_cache = cache.contiguous()
         self.cos, self.sin = rotary.full_width_tables(self.cos_sin_cache)
 
-    def cache(self, cos_sin_cache: torch.Tensor, device: torch.device, dtype: torch.dtype):
+    def cache(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         """The `[max_pos, rotary_dim]` cache on `device` in `dtype` (built first if needed)."""
         stale = self.cos_sin_cache.dtype != dtype or self.cos_sin_cache.device != device
         if not self.cos_sin_cache.numel() or stale:
-            self.prepare(cos_sin_cache.to(device=device), dtype)
+            self.prepare(dtype, device)
         return self.cos_sin_cache
 
     def gather(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

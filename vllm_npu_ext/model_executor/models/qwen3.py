@@ -83,8 +83,8 @@ class Qwen3Model(nn.Module):
         self.config = config
         self.model_dtype = vllm_config.model_config.dtype
         self.npu_possible = compat.npu_path_expected()
-        self.rotary_emb = rotary_emb = rotary_embedding(config)  # one, for every layer
-        self.rotary_tables = RotaryTables()  # its NPU-path layouts
+        rotary_emb = rotary_embedding(config)  # one for every layer
+        self.rotary_tables = RotaryTables(rotary_emb)  # and its NPU-path layouts
         pp_group = get_pp_group()
         if pp_group.is_first_rank or (config.tie_word_embeddings and pp_group.is_last_rank):
             self.embed_tokens = VocabParallelEmbedding(
@@ -175,7 +175,7 @@ class Qwen3Model(nn.Module):
         cache, and the cos/sin tables gathered once for all layers where the q/k path reads
         them. `seqs`: explicit sequence boundaries (`forward_packed`), or None."""
         plan = self.plan if fusions is None else self.plan.under(fusions)
-        cache = self.rotary_tables.cache(self.rotary_emb.cos_sin_cache, positions.device, dtype)
+        cache = self.rotary_tables.cache(positions.device, dtype)
         cos = sin = None
         if plan.qk_path in npu_plan.QK_PATHS_WITH_TABLES:
             cos, sin = self.rotary_tables.gather(positions)
@@ -190,7 +190,7 @@ class Qwen3Model(nn.Module):
     def prepare_npu_weights(self) -> None:
         """NPU-path weight layouts and rotary tables, made once after loading (before platform
         post-processing), so that a compiled forward only reads them."""
-        self.rotary_tables.prepare(self.rotary_emb.cos_sin_cache, self.model_dtype)
+        self.rotary_tables.prepare(self.model_dtype)
         if self.plan.fusions.grouped_qkv and self.plan.qk_path != npu_plan.QK_FUSED:
             for layer in self._layers():
                 layer.self_attn.prepare_npu_weights()
