@@ -89,6 +89,11 @@ def test_two_nodes_serve_the_embeddings_of_one_rank(two_nodes, embedding_server,
     assert headless.process.poll() is None, headless.log_tail()
 
 
+# vLLM's model-inspection subprocess: started only when its model-info cache (keyed by the hash
+# of the model's source file) misses, so whether a node has one depends on the cache's state.
+INSPECTION_SUBPROCESS = "-m vllm.model_executor.models.registry"
+
+
 @pytest.mark.parametrize("node", [0, 1], ids=["head node", "headless node"])
 def test_every_process_of_both_nodes_puts_our_package_first(two_nodes, node):
     server = two_nodes[node]
@@ -99,5 +104,7 @@ def test_every_process_of_both_nodes_puts_our_package_first(two_nodes, node):
     log = server.log_text()
     for record in records:
         assert_ordered(record, server.probe_dir, ("at_general_plugin_load", "final"))
+        if INSPECTION_SUBPROCESS in record["title"]:
+            continue  # vLLM captures its output (`_run_in_subprocess`): nothing reaches the log
         assert f"vllm-npu-ext custom-op bootstrap in pid {record['pid']}:" in log
     assert log.count("vllm-npu-ext built Qwen3ForEmbedding") >= 1
