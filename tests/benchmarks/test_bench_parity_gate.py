@@ -142,3 +142,20 @@ def test_cpu_matmul_sides_only_on_the_cpu_in_half_precision():
     assert set(sides) <= set(bench_embed.parse_args([]).sides)
     assert not set(sides) & set(bench_embed.parse_args(["--dtype", "float32"]).sides)
     assert not set(sides) & set(bench_embed.parse_args(["--emulate"]).sides)
+
+
+@pytest.mark.parametrize("name", ["plugin", "plugin-bf16mm", "plugin-kv", "stock", "stock-fp32"])
+@pytest.mark.parametrize("ours", [True, False])
+def test_a_side_is_refused_when_the_plugin_ran_where_it_should_not_or_did_not_where_it_should(
+    name, ours
+):
+    """Stock sides (stock, stock-fp32) must run vLLM's classes, the others ours."""
+    side = bench_embed.Side(name, "vllm", {})
+    model_class = "vllm_npu_ext.model_executor.models.qwen3.Qwen3ForCausalLM" if ours else (
+        "vllm.model_executor.models.qwen3.Qwen3ForCausalLM")
+    ready = {"model_classes": [model_class]}
+    if ours == name.startswith("stock"):
+        with pytest.raises(RuntimeError, match=f"side {name}"):
+            bench_embed.check_side(side, ready)
+    else:
+        bench_embed.check_side(side, ready)
