@@ -13,8 +13,8 @@ uses the KV cache.
 
 One forward: embed, then per layer norm -> attention -> norm -> MLP, then the final norm.
 What runs where is decided once at build (`layers.npu_plan`); per forward the model gathers
-the rotary tables once and hands every layer an `NpuStep` (None on the platform path) with
-`positions`, which flow down only.
+the rotary tables once and hands every layer an `NpuStep` (None on the platform path);
+`positions` flow down only, as the layers' argument.
 """
 
 from __future__ import annotations
