@@ -82,3 +82,13 @@ def piecewise_mode() -> Any:
     from vllm.config.compilation import CUDAGraphMode
 
     return CUDAGraphMode.PIECEWISE
+
+
+def configure_logging_from_args(args: Any) -> None:
+    """Apply the server's logging flags as vLLM's `main` does before a subcommand runs (vLLM
+    0.32's `vllm.logger.configure_logging_from_args`); vLLM 0.23 has no such step."""
+    from vllm import logger as vllm_logger
+
+    configure = getattr(vllm_logger, "configure_logging_from_args", None)
+    if configure is not None:
+        configure(args)

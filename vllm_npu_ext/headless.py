@@ -26,6 +26,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
+    from vllm_npu_ext import compat
+
     argv = list(sys.argv[1:] if argv is None else argv)
     if FLAG not in argv:
         raise SystemExit(f"python -m {__name__}: runs only headless nodes; {FLAG} is missing")
@@ -34,18 +36,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = FlexibleArgumentParser(prog="vllm-npu-ext serve")
     subcommand.subparser_init(parser.add_subparsers(dest="subparser"))
     args = parser.parse_args([subcommand.name, *argv])
-    _configure_logging(args)
+    compat.configure_logging_from_args(args)
     subcommand.validate(args)
     subcommand.cmd(args)
 
 
-def _configure_logging(args) -> None:
-    """vLLM 0.32's `main` applies the logging flags first; vLLM 0.23 has no such step."""
-    try:
-        from vllm.logger import configure_logging_from_args
-    except ImportError:
-        return
-    configure_logging_from_args(args)
 
 
 if __name__ == "__main__":
