@@ -11,7 +11,6 @@ import pytest
 from vllm.model_executor.models.registry import _ModelRegistry
 
 from vllm_npu_ext import doctor, envs, patches
-from vllm_npu_ext.logger import get_logger
 from vllm_npu_ext.patches import pins, vllm_model_registry
 
 RESOLVE = "vllm.model_executor.models.registry:_ModelRegistry.resolve_model_cls"
@@ -57,15 +56,10 @@ def changed_registry(monkeypatch):
 
 
 def test_a_changed_function_is_refused_logged_and_reported_by_the_doctor(
-    changed_registry, caplog, capsys
+    changed_registry, refusal_log, capsys
 ):
-    # vLLM's logging configuration, once applied, neither propagates nor keeps child handlers
-    logger = get_logger(patches.__name__)
-    logger.addHandler(caplog.handler)
-    try:
-        assert patches.apply("vllm_model_registry") == []
-    finally:
-        logger.removeHandler(caplog.handler)
+    caplog = refusal_log
+    assert patches.apply("vllm_model_registry") == []
     assert _ModelRegistry.resolve_model_cls is resolve_model_cls  # not wrapped
     logged = {r.getMessage() for r in caplog.records if "not applied" in r.getMessage()}
     assert len(logged) == 1  # a set: the record may reach the capture twice

@@ -25,8 +25,7 @@ import torch
 import torch.distributed as dist
 from support.scripts import load_script
 
-from vllm_npu_ext import emulator, envs, patches
-from vllm_npu_ext.logger import get_logger
+from vllm_npu_ext import emulator, envs
 from vllm_npu_ext.patches import apply_patches, pins, vllm_ascend_cp
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -279,19 +278,16 @@ def test_check_script_notices_changed_targets(sources, mutation):
     assert failed
 
 
-def test_a_target_whose_source_is_not_pinned_is_refused(fake_vllm_ascend, monkeypatch, caplog):
+def test_a_target_whose_source_is_not_pinned_is_refused(
+    fake_vllm_ascend, monkeypatch, refusal_log
+):
     """Fail closed: a caller whose pair is not the source the patch was verified on (and not
     accepted) stays vllm-ascend's, and the warning names the function and the variable."""
+    caplog = refusal_log
     monkeypatch.delenv(envs.ACCEPT_PATCH_SOURCES.name)
     write_fake_vllm_ascend(fake_vllm_ascend)
     apply_patches()
-    # vLLM's logging configuration, once applied, neither propagates nor keeps child handlers
-    logger = get_logger(patches.__name__)
-    logger.addHandler(caplog.handler)
-    try:
-        attention_cp = import_caller()
-    finally:
-        logger.removeHandler(caplog.handler)
+    attention_cp = import_caller()
     assert not is_patched(attention_cp)
     assert attention_cp.forward_decode(None, None, 8) == "original"
     refused = [r.getMessage() for r in caplog.records if "not applied" in r.getMessage()]
