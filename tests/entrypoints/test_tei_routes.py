@@ -87,13 +87,17 @@ def test_similarity_is_the_cosine_of_the_embeddings(embedding_server):
 
 
 def test_root_routes_by_model_type_and_body(embedding_server, reranker_server):
-    embed = _post(embedding_server, "/", {"inputs": TEXTS})
-    assert embed.json() == _post(embedding_server, "/embed", {"inputs": TEXTS}).json()
+    embed = torch.tensor(_post(embedding_server, "/", {"inputs": TEXTS}).json())
+    torch.testing.assert_close(
+        embed, torch.tensor(_post(embedding_server, "/embed", {"inputs": TEXTS}).json()),
+        rtol=0, atol=SAME_ENGINE_ATOL,
+    )  # vLLM 0.23 rounds a row's last bits by the step's batch (docs/benchmarks.md)
     similarity = {"inputs": {"source_sentence": TEXTS[0], "sentences": TEXTS[1:]}}
     assert len(_post(embedding_server, "/", similarity).json()) == 2
     rerank = {"query": TEXTS[0], "texts": TEXTS}
-    assert _post(reranker_server, "/", rerank).json() == _post(reranker_server, "/rerank",
-                                                               rerank).json()  # fmt: skip
+    root, direct = (_post(reranker_server, path, rerank).json() for path in ("/", "/rerank"))
+    assert [r["index"] for r in root] == [r["index"] for r in direct]
+    assert [r["score"] for r in root] == pytest.approx([r["score"] for r in direct], abs=1e-6)
     assert httpx.get(embedding_server.base_url + "/", timeout=10).status_code == 200  # health
 
 
