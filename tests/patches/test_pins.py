@@ -58,10 +58,9 @@ def changed_registry(monkeypatch):
 def test_a_changed_function_is_refused_logged_and_reported_by_the_doctor(
     changed_registry, refusal_log, capsys
 ):
-    caplog = refusal_log
     assert patches.apply("vllm_model_registry") == []
     assert _ModelRegistry.resolve_model_cls is resolve_model_cls  # not wrapped
-    logged = {r.getMessage() for r in caplog.records if "not applied" in r.getMessage()}
+    logged = {r.getMessage() for r in refusal_log.records if "not applied" in r.getMessage()}
     assert len(logged) == 1  # a set: the record may reach the capture twice
     [message] = logged
     assert RESOLVE in message and changed_registry in message

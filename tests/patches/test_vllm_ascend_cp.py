@@ -283,13 +283,12 @@ def test_a_target_whose_source_is_not_pinned_is_refused(
 ):
     """Fail closed: a caller whose pair is not the source the patch was verified on (and not
     accepted) stays vllm-ascend's, and the warning names the function and the variable."""
-    caplog = refusal_log
     monkeypatch.delenv(envs.ACCEPT_PATCH_SOURCES.name)
     write_fake_vllm_ascend(fake_vllm_ascend)
     apply_patches()
     attention_cp = import_caller()
     assert not is_patched(attention_cp)
     assert attention_cp.forward_decode(None, None, 8) == "original"
-    refused = [r.getMessage() for r in caplog.records if "not applied" in r.getMessage()]
+    refused = [r.getMessage() for r in refusal_log.records if "not applied" in r.getMessage()]
     assert any(f"{vllm_ascend_cp.COMMON_MODULE}:_process_attn_out_lse" in m for m in refused)
     assert all(envs.ACCEPT_PATCH_SOURCES.name in m for m in refused)
