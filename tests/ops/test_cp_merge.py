@@ -6,7 +6,9 @@ import pytest
 import torch
 from support.scripts import load_script
 
-from vllm_npu_ext.ops.attention_update import attention_update_reference
+from vllm_npu_ext import emulator
+from vllm_npu_ext.emulator.operators import npu_ext_cann as emulated_cann_ops
+from vllm_npu_ext.ops.attention_update import MergeKernel, attention_update_reference
 from vllm_npu_ext.ops.cp_merge import (
     cp_decode_merge,
     exchange,
@@ -117,3 +119,108 @@ def test_benchmark_prints_one_json_summary_last(capsys):
     assert last_line.startswith("{") and '"merge_ratios"' in last_line
     assert summary["tensor_merge_copies"] == 0 and summary["tensor_merge_per_shard_views"] == 0
     assert summary["max_error"] < 1e-5
+
+
+# --- shards without keys ---------------------------------------------------------------
+# A CP rank holds no key of a request while the request is shorter than the rank's first key
+# (vllm-ascend `pcp_utils._get_cp_local_seq_lens`); FIA's result for zero keys is undefined,
+# so every rank packs such a row as out 0, lse -inf, whatever the kernel wrote.
+
+EMPTY_CASES = {
+    # per sequence, the key count on each of 4 shards
+    "one shard empty": [[3, 0, 2, 5], [4, 1, 1, 2]],
+    "all shards empty": [[0, 0, 0, 0], [0, 0, 0, 0]],
+    "mixed": [[5, 0, 0, 0], [0, 0, 0, 0], [2, 3, 1, 4], [0, 7, 0, 1]],
+}
+
+
+def partials_with_garbage(lengths, heads=2, head_dim=16, seed=0):
+    """Per-shard partial attention of `len(lengths)` one-token queries over keys split as
+    `lengths` [bs][world], where a shard without keys holds garbage (NaN out, an lse that
+    would outweigh every real shard), and the exact attention over all keys (0 with no key)."""
+    generator = torch.Generator().manual_seed(seed)
+    bs, world = len(lengths), len(lengths[0])
+    query = torch.randn(bs, heads, head_dim, generator=generator, dtype=torch.float64)
+    out = torch.full((world, bs, heads, head_dim), float("nan"), dtype=torch.float64)
+    lse = torch.full((world, bs, heads), 50.0, dtype=torch.float64)
+    expected = torch.zeros(bs, heads, head_dim, dtype=torch.float64)
+    for b, counts in enumerate(lengths):
+        keys = torch.randn(sum(counts), heads, head_dim, generator=generator, dtype=torch.float64)
+        values = torch.randn(sum(counts), heads, head_dim, generator=generator, dtype=torch.float64)
+        scores = torch.einsum("hd,khd->hk", query[b], keys)
+        if sum(counts):
+            expected[b] = torch.einsum("hk,khd->hd", scores.softmax(-1), values)
+        for w, shard in enumerate(torch.arange(sum(counts)).split(counts)):
+            if len(shard):
+                lse[w, b] = scores[:, shard].logsumexp(-1)
+                out[w, b] = torch.einsum("hk,khd->hd", scores[:, shard].softmax(-1), values[shard])
+    return out.float(), lse.float(), expected.float()
+
+
+def pack_each_rank(out, lse, lengths, masked=True):
+    """Every rank packs its partial (dcp 1) with its empty rows; the buffers gathered."""
+    empty = torch.tensor(lengths) == 0  # [bs, world]
+    return torch.cat([
+        pack_out_lse(out[w], lse[w], 1, empty[:, w] if masked else None)
+        for w in range(out.shape[0])
+    ])  # fmt: skip
+
+
+def merge_on_kernel(buffer, kernel):
+    """`merge_cp_buffer` on the CPU reference, or under the emulator on our CANN operator
+    (its AscendC source built for the host) or torch_npu's TensorList operator."""
+    if kernel == "cpu":
+        return merge_cp_buffer(buffer)
+    with emulator.emulated(), emulated_cann_ops.emulated():
+        emulator.reset_counts()
+        emulated_cann_ops.calls.clear()
+        merged = merge_cp_buffer(buffer, MergeKernel(kernel))
+        calls = (
+            emulator.calls["npu_attention_update"],
+            emulated_cann_ops.calls[emulated_cann_ops.OP_NAME],
+        )
+    assert calls == ((1, 0) if kernel == "list" else (0, 1))
+    return merged
+
+
+@pytest.mark.parametrize("kernel", ["cpu", "custom", "list"])
+@pytest.mark.parametrize("case", list(EMPTY_CASES))
+def test_empty_shards_merge_to_the_attention_over_the_keys_that_exist(case, kernel):
+    lengths = EMPTY_CASES[case]
+    out, lse, expected = partials_with_garbage(lengths)
+    buffer = pack_each_rank(out, lse, lengths)
+    empty = torch.tensor(lengths) == 0
+    assert torch.equal(buffer[..., -1].isneginf().all(-1), empty.T)
+    assert torch.all(buffer[..., :-1][empty.T] == 0)
+    merged = merge_on_kernel(buffer, kernel)
+    every_shard_empty = empty.all(1)
+    if kernel == "list":
+        # torch_npu's kernel evaluates exp(-inf - -inf) literally: NaN where no shard has a
+        # key (the CP patch zeroes those rows, tests/patches), exact everywhere else.
+        assert merged[every_shard_empty].isnan().all()
+        merged, expected = merged[~every_shard_empty], expected[~every_shard_empty]
+    assert not merged.isnan().any()
+    torch.testing.assert_close(merged, expected, atol=1e-5, rtol=1e-5)  # 0 for no key at all
+
+
+def test_without_the_mask_an_empty_shard_s_garbage_reaches_the_result():
+    lengths = EMPTY_CASES["one shard empty"]
+    out, lse, expected = partials_with_garbage(lengths)
+    merged = merge_cp_buffer(pack_each_rank(out, lse, lengths, masked=False))
+    assert merged.isnan().any()
+
+
+@pytest.mark.parametrize(
+    ("empty", "message"),
+    [(torch.zeros(3, dtype=torch.bool), "empty must be bool"), (torch.zeros(2), "empty must")],
+)
+def test_pack_rejects_an_empty_mask_of_the_wrong_shape_or_dtype(empty, message):
+    with pytest.raises(ValueError, match=message):
+        pack_out_lse(torch.randn(2, 4, 8), torch.randn(2, 4), 2, empty)
+
+
+def test_decode_merge_passes_the_mask_to_the_pack():
+    out, lse = torch.randn(3, 4, 32), torch.full((3, 4), 7.0)
+    merged = cp_decode_merge(out, lse, empty=torch.tensor([False, True, False]))
+    assert torch.all(merged[1] == 0)
+    torch.testing.assert_close(merged[[0, 2]], out[[0, 2]])

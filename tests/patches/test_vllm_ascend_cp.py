@@ -19,7 +19,9 @@ import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
+import numpy
 import pytest
 import torch
 import torch.distributed as dist
@@ -108,6 +110,81 @@ def test_replacement_reproduces_npu_attention_update(sources, monkeypatch, dcp, 
         result = vllm_ascend_cp.npu_attention_update(head_dim, attn_out_lse)
         assert result.shape == expected.shape == (bs, heads, head_dim)
         torch.testing.assert_close(result, expected, atol=1e-6, rtol=1e-6)
+
+
+# --- requests of which a rank holds no key ---------------------------------------------
+
+
+def cp_step(monkeypatch, lengths, dcp_rank=0, pcp_rank=0, num_decodes=None):
+    """A decode step as vllm-ascend's CP builder leaves it in vLLM's forward context: one
+    layer whose `decode_meta.num_computed_tokens_of_pcp_dcp` is `lengths` [bs, pcp, dcp]
+    (the key counts FIA is called with), and the rank's group coordinators."""
+    from vllm import forward_context
+
+    lengths = numpy.asarray(lengths)
+    bs, pcp, dcp = lengths.shape
+    layer = SimpleNamespace(
+        num_decodes=bs if num_decodes is None else num_decodes,
+        decode_meta=SimpleNamespace(num_computed_tokens_of_pcp_dcp=lengths),
+    )
+    context = SimpleNamespace(attn_metadata={"model.layers.0.self_attn.attn": layer})
+    monkeypatch.setattr(forward_context, "_forward_context", context)
+    coordinators = (
+        SimpleNamespace(world_size=dcp, rank_in_group=dcp_rank, device_group=None),
+        SimpleNamespace(world_size=pcp, rank_in_group=pcp_rank, device_group=None),
+    )
+    monkeypatch.setattr(vllm_ascend_cp, "cp_group_coordinators", lambda: coordinators)
+
+
+def test_empty_shard_masks_read_this_rank_s_key_counts(monkeypatch):
+    lengths = [[[3, 0], [2, 5]], [[0, 0], [0, 0]], [[1, 2], [0, 4]]]  # [bs, pcp, dcp]
+    cp_step(monkeypatch, lengths, dcp_rank=1, pcp_rank=0)
+    local, everywhere = vllm_ascend_cp.empty_shard_masks(3, torch.device("cpu"))
+    assert local.tolist() == [True, True, False]  # lengths[:, pcp_rank, dcp_rank] == 0
+    assert everywhere.tolist() == [False, True, False]
+    cp_step(monkeypatch, lengths, dcp_rank=0, pcp_rank=1)
+    local, _ = vllm_ascend_cp.empty_shard_masks(3, torch.device("cpu"))
+    assert local.tolist() == [False, True, True]
+    cp_step(monkeypatch, lengths, dcp_rank=0, pcp_rank=0)
+    local, _ = vllm_ascend_cp.empty_shard_masks(3, torch.device("cpu"))
+    assert local.tolist() == [False, True, False]
+
+
+def test_no_masks_without_empty_rows_metadata_or_outside_capture(monkeypatch):
+    cp_step(monkeypatch, [[[3, 1]], [[2, 2]]])
+    assert vllm_ascend_cp.empty_shard_masks(2, torch.device("cpu")) == (None, None)
+    cp_step(monkeypatch, [[[0, 1]], [[2, 2]]], num_decodes=5)  # not this merge's rows
+    assert vllm_ascend_cp.empty_shard_masks(2, torch.device("cpu")) == (None, None)
+    cp_step(monkeypatch, [[[0, 0]], [[2, 2]]])
+    monkeypatch.setattr(torch, "npu", SimpleNamespace(is_current_stream_capturing=lambda: True),
+                        raising=False)  # fmt: skip
+    assert vllm_ascend_cp.empty_shard_masks(2, torch.device("cpu")) == (None, None)
+
+
+@pytest.mark.parametrize("kernel", ["custom", "list"])
+def test_patched_merge_gives_zero_for_a_request_without_keys_whatever_fia_wrote(
+    monkeypatch, kernel
+):
+    """One rank (no group to exchange with): request 1 has no key anywhere; FIA's result for
+    it is garbage (NaN out, an lse of 50). The patched pair sends it as 0/-inf and returns 0
+    for it on both kernels (torch_npu's TensorList kernel alone would give NaN), and the
+    attention of the others unchanged."""
+    from vllm_npu_ext.emulator.operators import npu_ext_cann as emulated_cann_ops
+    from vllm_npu_ext.ops.attention_update import MergeKernel
+
+    cp_step(monkeypatch, [[[4]], [[0]], [[1]]])
+    monkeypatch.setattr(vllm_ascend_cp, "_merge_kernel", MergeKernel(kernel))
+    attn_out = torch.randn(3, 4, 64)
+    attn_out[1] = float("nan")
+    attn_lse = torch.randn(3, 4, 1)
+    attn_lse[1] = 50.0
+    with emulator.emulated(), emulated_cann_ops.emulated():
+        buffer = vllm_ascend_cp.process_attn_out_lse(attn_out, attn_lse)
+        merged = vllm_ascend_cp.npu_attention_update(64, buffer)
+    assert torch.all(buffer[0, 1, :, :64] == 0) and buffer[0, 1, :, 64].isneginf().all()
+    assert torch.all(merged[1] == 0)
+    torch.testing.assert_close(merged[[0, 2]], attn_out[[0, 2]])
+    assert vllm_ascend_cp._rows_without_keys is None  # used by this merge only
 
 
 # --- where and when the patch applies -------------------------------------------------

@@ -18,9 +18,13 @@ both, the pieces of vllm-ascend 0.23 that a decode step runs, as its runner call
   over DCP, paged FIA on this rank's shard with LSE, and the merge: ours (the patch, with our
   CANN operator's host-built AscendC kernel) or vllm-ascend's own pair (patch undone).
 
-Sequences of 1024, 128, 777 and 301 tokens (unequal: per-request key counts), bf16, one KV
+Sequences of 1024, 128, 777, 301, 2 and 3 tokens (unequal: per-request key counts; the last
+two, shorter than the CP group of DCP 2 x PCP 2, leave ranks of it without a key), bf16, one KV
 head, head_dim 128. The reference is float64 softmax attention over all keys; the rank's output
-must be within bf16 rounding of it (the bound in `test_..._matches_float64_attention`).
+must be within bf16 rounding of it (the bound in `test_..._matches_float64_attention`). FIA's
+result for a rank without keys is not documented: the stand-in writes NaN there
+(`emulator/operators/attention_paged.py`), which our merge masks and vllm-ascend's own pair
+passes on.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from support.cp_ranks import run_ranks
 WORLD = 4
 CONFIGS = [(2, 1), (1, 2), (2, 2)]  # (dcp, pcp); tp = dcp (vLLM: dcp <= tp // num_kv_heads)
 MERGES = ("ours", "vllm-ascend")
-SEQ_LENS = [1024, 128, 777, 301]  # with the decode token
+SEQ_LENS = [1024, 128, 777, 301, 2, 3]  # with the decode token
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 4, 1, 128, 128
 LAYER = "model.layers.0.self_attn.attn"
 ATTENTION_CP = "vllm_ascend.attention.context_parallel.attention_cp"
@@ -189,8 +193,10 @@ def decode_step(module, builder, vllm_config, dcp: int, pcp: int, heads: slice) 
     want, partial = reference(heads, dcp * pcp)
     error = (output.double() - want).abs()
     bound = BF16_ROUNDING * (partial + want.abs()) + FP32_SLACK
+    every_rank_has_keys = (local_lens > 0).reshape(len(SEQ_LENS), -1).all(axis=1)
     return {
-        "error": error.max().item(), "error_to_bound": (error / bound).max().item(),
+        "row_error_to_bound": (error / bound).amax(dim=(1, 2)).tolist(),
+        "every_rank_has_keys": every_rank_has_keys.tolist(),
         "output": output.float().tolist(), "paged_fia": calls["npu_fused_infer_attention_score"],
         "tensor_list_merges": calls["npu_attention_update"],
         "our_operator": npu_ext_cann.calls[npu_ext_cann.OP_NAME], "skipped_slots": skipped,
@@ -260,11 +266,26 @@ def test_cp_decode_layer_matches_float64_attention(rank_results, dcp, pcp, merge
     weights (<= 2^-8 max_i |O_i|); the merged output is rounded to bf16 (2^-8 |O|). Bound:
     2^-8 (max_i |O_i| + |O|) + 1e-5 for the fp32 softmax and LSE arithmetic."""
     cases = [result[f"dcp{dcp}_pcp{pcp}"][merge] for result in rank_results]
-    worst = max(case["error"] for case in cases)
-    ratio = max(case["error_to_bound"] for case in cases)
-    print(f"DCP {dcp} PCP {pcp}, {merge} merge: worst |out - float64| {worst:.2e}, "
-          f"{ratio:.2f} of the bound")  # fmt: skip
-    assert ratio <= 1.0
+    ratios = [ratio for case in cases for ratio, full in
+              zip(case["row_error_to_bound"], case["every_rank_has_keys"], strict=True)
+              if full or merge == "ours"]  # fmt: skip
+    print(f"DCP {dcp} PCP {pcp}, {merge} merge: worst |out - float64| at "
+          f"{max(ratios):.2f} of the bound")  # fmt: skip
+    assert max(ratios) <= 1.0
+
+
+def test_a_request_of_which_ranks_hold_no_key_is_exact_with_our_merge_only(rank_results):
+    """DCP 2 x PCP 2: requests of 2 and 3 tokens leave ranks of the group without a key (the
+    case is there: the counts say so). Our merge sends those ranks' rows as 0 / -inf and is
+    within the bound above on every row; vllm-ascend's pair merges what FIA wrote for them
+    (NaN in the stand-in: undefined on the device) into the request's output on every rank."""
+    short = [len(SEQ_LENS) - 2, len(SEQ_LENS) - 1]
+    cases = [result["dcp2_pcp2"] for result in rank_results]
+    assert all(not cases[0]["ours"]["every_rank_has_keys"][row] for row in short)
+    assert sum(case["ours"]["local_key_counts"][short[0]] == 0 for case in cases) == 2
+    for case in cases:
+        assert all(case["ours"]["row_error_to_bound"][row] <= 1.0 for row in short)
+        assert all(math.isnan(case["vllm-ascend"]["row_error_to_bound"][row]) for row in short)
 
 
 @pytest.mark.parametrize(("dcp", "pcp"), CONFIGS)
@@ -293,5 +314,8 @@ def test_our_merge_replaces_the_tensor_list_call_and_agrees_with_vllm_ascends(
         assert (ours["paged_fia"], ours["our_operator"], ours["tensor_list_merges"]) == (1, 1, 0)
         assert (theirs["paged_fia"], theirs["our_operator"], theirs["tensor_list_merges"]) == (
             1, 0, 1)
-        difference = (torch.tensor(ours["output"]) - torch.tensor(theirs["output"])).abs()
-        assert difference.max().item() <= 2**-8 * torch.tensor(theirs["output"]).abs().max()
+        full = torch.tensor(ours["every_rank_has_keys"])
+        ours_out = torch.tensor(ours["output"])[full]
+        theirs_out = torch.tensor(theirs["output"])[full]
+        difference = (ours_out - theirs_out).abs()
+        assert difference.max().item() <= 2**-8 * theirs_out.abs().max()

@@ -208,7 +208,7 @@ def attention_update_npu(
     (strided views included); the list path makes one view per shard. Differences from the
     reference: lse_out may be None for update_type 0 (torch_npu allocates it only for 1),
     and torch_npu evaluates the formula literally, so a row where every shard is empty
-    gives NaN there (a decode query always sees at least its own key, so CP never has one).
+    gives NaN there (the CP patch zeroes such rows after the merge: `patches/vllm_ascend_cp.py`).
     """
     check_attention_update_args(lse, out, update_type)
     kernel = kernel or MergeKernel.from_env()

@@ -31,11 +31,16 @@ def group_size(group: dist.ProcessGroup | None) -> int:
     return 1 if group is None else dist.get_world_size(group)
 
 
-def pack_out_lse(out: torch.Tensor, lse: torch.Tensor, dcp_size: int) -> torch.Tensor:
+def pack_out_lse(
+    out: torch.Tensor, lse: torch.Tensor, dcp_size: int, empty: torch.Tensor | None = None
+) -> torch.Tensor:
     """Write local partial results into a DCP send buffer.
 
     out: `[bs, dcp_size * H, D]` (any float dtype); lse: `[bs, dcp_size * H]` or
-    `[bs, dcp_size * H, 1]`, -inf where this rank holds no keys.
+    `[bs, dcp_size * H, 1]`. empty: bool `[bs]` on out's device, True for a sequence of which
+    this rank holds no key: its rows are written as out 0 and lse -inf whatever the attention
+    kernel left there (FIA's result for zero keys is not documented), so the merge gives the
+    shard weight 0. None: every sequence has keys here.
     Returns fp32 `[dcp_size, bs, H, D + 1]`: block j holds heads `j*H .. (j+1)*H - 1`,
     last channel the lse.
     """
@@ -52,6 +57,14 @@ def pack_out_lse(out: torch.Tensor, lse: torch.Tensor, dcp_size: int) -> torch.T
     buffer = out.new_empty((dcp_size, num_tokens, heads, head_dim + 1), dtype=torch.float32)
     buffer[..., :head_dim].copy_(out.unflatten(1, (dcp_size, heads)).transpose(0, 1))
     buffer[..., head_dim].copy_(lse.reshape(num_tokens, dcp_size, heads).transpose(0, 1))
+    if empty is not None:
+        if empty.shape != (num_tokens,) or empty.dtype != torch.bool:
+            raise ValueError(
+                f"empty must be bool [bs] = [{num_tokens}], got {empty.dtype} {tuple(empty.shape)}"
+            )
+        rows = empty.to(buffer.device).view(1, num_tokens, 1, 1)
+        buffer.masked_fill_(rows, 0.0)
+        buffer[..., head_dim :].masked_fill_(rows, float("-inf"))
     return buffer
 
 
@@ -120,12 +133,14 @@ def cp_decode_merge(
     dcp_group: dist.ProcessGroup | None = None,
     pcp_group: dist.ProcessGroup | None = None,
     kernel: MergeKernel | None = None,
+    empty: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Pack, exchange and merge one rank's partial decode attention.
 
     out: `[bs, dcp * H, D]`, lse: `[bs, dcp * H]` (or `[..., 1]`) fp32, this rank's partial
-    over its KV shard for every head. Returns fp32 `[bs, H, D]`: the full attention for
-    heads `dcp_rank * H .. (dcp_rank + 1) * H - 1`.
+    over its KV shard for every head; empty: as `pack_out_lse` takes it. Returns fp32
+    `[bs, H, D]`: the full attention for heads `dcp_rank * H .. (dcp_rank + 1) * H - 1`
+    (0 for a sequence of which no rank holds a key).
     """
-    buffer = pack_out_lse(out, lse, group_size(dcp_group))
+    buffer = pack_out_lse(out, lse, group_size(dcp_group), empty)
     return merge_cp_buffer(exchange(buffer, dcp_group, pcp_group), kernel)

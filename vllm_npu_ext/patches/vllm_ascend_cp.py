@@ -13,6 +13,13 @@ into `[pcp*dcp, bs, H, D+1]` and merged from strided views of that one buffer by
 `torch.ops.vllm_npu_ext.attention_update` (no permute copy, no per-shard lists). Contract kept:
 `(attn_output [bs, dcp*H, D], softmax_lse [bs, dcp*H, 1]) -> fp32 [bs, H, D]`.
 
+A rank that holds no key of a request (requests shorter than the CP group, with
+`cp_kv_cache_interleave_size` larger ones too) still gets FIA's result for it, which no document
+defines. Outside graph capture the pair reads every rank's key counts of the step
+(`decode_meta.num_computed_tokens_of_pcp_dcp`, from vLLM's forward context) and sends such rows as
+out 0, lse -inf, and returns 0 for a request of which no rank holds a key (`empty_shard_masks`).
+While a graph is captured it merges what FIA wrote, as vllm-ascend's own pair does.
+
 When it applies. vLLM 0.23 loads general plugins in `WorkerWrapperBase.init_worker` before
 the worker exists, with the config only in a local variable: the DCP/PCP sizes are not
 known to `register()`. vllm-ascend imports `attention_cp`/`mla_cp` only from its backends'
@@ -33,6 +40,8 @@ import importlib.util
 import inspect
 import sys
 from types import ModuleType
+
+import numpy
 
 from vllm_npu_ext import patches
 from vllm_npu_ext.logger import get_logger
@@ -72,16 +81,65 @@ def _device_groups():
     return tuple(g.device_group if g.world_size > 1 else None for g in cp_group_coordinators())
 
 
+# Rows of the current merge where no CP rank holds a key (bool `[bs]` on the device), set by
+# `process_attn_out_lse` for the `npu_attention_update` call that follows it in the same layer.
+_rows_without_keys = None
+
+
+def local_kv_lengths(num_tokens: int):
+    """Every CP rank's key count per decode request of this step, as vllm-ascend's CP builder
+    computed it: int `[bs, pcp, dcp]` (`decode_meta.num_computed_tokens_of_pcp_dcp`, the lengths
+    FIA is called with, `attention_cp.py:610-612`), or None where the step's metadata has none
+    for `num_tokens` decode rows (MLA, a prefill-only step, no forward context)."""
+    from vllm.forward_context import get_forward_context, is_forward_context_available
+
+    if not is_forward_context_available():
+        return None
+    metadata = get_forward_context().attn_metadata
+    for per_layer in metadata if isinstance(metadata, list) else [metadata]:
+        for layer_metadata in (per_layer or {}).values():
+            decode = getattr(layer_metadata, "decode_meta", None)
+            lengths = getattr(decode, "num_computed_tokens_of_pcp_dcp", None)
+            if lengths is not None and getattr(layer_metadata, "num_decodes", None) == num_tokens:
+                return numpy.asarray(lengths)[:num_tokens]
+    return None
+
+
+def empty_shard_masks(num_tokens: int, device) -> tuple[object, object]:
+    """(this rank's empty rows, rows empty on every rank): bool `[bs]` device tensors, each
+    None when no row is so. A rank holds no key of a request while the request is shorter
+    than its first key on that rank (`pcp_utils._get_cp_local_seq_lens`). Read from the host
+    lengths of this step, so never while a graph is captured: a replay would reuse the masks
+    of the capture (there the merge runs as vllm-ascend's does, on what FIA wrote)."""
+    import torch
+
+    capturing = getattr(getattr(torch, "npu", None), "is_current_stream_capturing", None)
+    if capturing is not None and capturing():
+        return None, None
+    lengths = local_kv_lengths(num_tokens)
+    if lengths is None:
+        return None, None
+    dcp, pcp = cp_group_coordinators()
+    local = lengths[:, pcp.rank_in_group, dcp.rank_in_group] == 0
+    everywhere = (lengths == 0).reshape(num_tokens, -1).all(axis=1)
+    return tuple(
+        torch.from_numpy(rows).to(device) if rows.any() else None for rows in (local, everywhere)
+    )
+
+
 def process_attn_out_lse(attn_output, softmax_lse):
     """Replaces `_process_attn_out_lse`: pack and exchange one rank's partial results.
 
-    attn_output: `[bs, dcp*H, D]`; softmax_lse: `[bs, dcp*H, 1]`.
+    attn_output: `[bs, dcp*H, D]`; softmax_lse: `[bs, dcp*H, 1]`. A request of which this
+    rank holds no key is sent as out 0, lse -inf (`empty_shard_masks`), whatever FIA wrote.
     Returns fp32 `[pcp*dcp, bs, H, D+1]` (see `vllm_npu_ext.ops.cp_merge`).
     """
     from vllm_npu_ext.ops.cp_merge import exchange, group_size, pack_out_lse
 
+    global _rows_without_keys
+    empty, _rows_without_keys = empty_shard_masks(attn_output.shape[0], attn_output.device)
     dcp_group, pcp_group = _device_groups()
-    buffer = pack_out_lse(attn_output, softmax_lse, group_size(dcp_group))
+    buffer = pack_out_lse(attn_output, softmax_lse, group_size(dcp_group), empty)
     return exchange(buffer, dcp_group, pcp_group)
 
 
@@ -101,7 +159,14 @@ def npu_attention_update(head_size, attn_out_lse):
     if attn_out_lse.dim() == 3:
         dcp, pcp = cp_group_coordinators()
         attn_out_lse = _from_vllm_ascend_layout(attn_out_lse, dcp.world_size, pcp.world_size)
-    return merge_cp_buffer(attn_out_lse, _merge_kernel)
+    global _rows_without_keys
+    rows, _rows_without_keys = _rows_without_keys, None
+    merged = merge_cp_buffer(attn_out_lse, _merge_kernel)
+    if rows is not None and rows.shape[0] == merged.shape[0]:
+        # Our kernel and the reference give 0 there already; torch_npu's TensorList kernel
+        # evaluates exp(-inf - -inf) (NaN), so the `list` choice needs this.
+        merged.masked_fill_(rows.view(-1, 1, 1), 0.0)
+    return merged
 
 
 def _from_vllm_ascend_layout(buffer, dcp_size: int, pcp_size: int):

@@ -118,9 +118,14 @@ def unpack_rows(layout: str, rows: torch.Tensor, packed: Packed) -> torch.Tensor
     return rows.reshape(packed.batch, packed.seq_len, -1).transpose(1, 2).contiguous()
 
 
-def require_visible_keys(op: str, packed: Packed, causal: bool) -> None:
-    """ValueError when a query row would see no key: the kernel's output is undefined there."""
+def require_visible_keys(op: str, packed: Packed, causal: bool, decode_without_keys=False) -> None:
+    """ValueError when a query row would see no key: the kernel's output is undefined there.
+
+    decode_without_keys: let a one-token query with no key at all through (paged decode only,
+    `attention_paged`); `varlen_attention` then writes NaN for it."""
     for index, (q_len, kv_len) in enumerate(zip(packed.query_lens, packed.key_lens, strict=True)):
+        if decode_without_keys and q_len == 1 and kv_len == 0:
+            continue
         if q_len and (kv_len == 0 or (causal and kv_len < q_len)):
             raise ValueError(
                 f"{op}: sequence {index} has {q_len} query tokens and {kv_len} key tokens; with "
@@ -142,6 +147,13 @@ def varlen_attention(packed: Packed, scale: float, causal: bool) -> AttentionRes
     for q_len, kv_len in zip(packed.query_lens, packed.key_lens, strict=True):
         if q_len == 0:
             kv_start += kv_len
+            continue
+        if kv_len == 0:  # let through by require_visible_keys for paged decode only: undefined
+            nan = packed.query.new_full((q_len, num_heads), float("nan"), dtype=torch.float32)
+            outs.append(nan.unsqueeze(-1).expand(-1, -1, packed.value.shape[-1]))
+            maxes.append(nan)
+            sums.append(nan)
+            q_start += q_len
             continue
         q = packed.query[q_start:q_start + q_len].float()
         k = packed.key[kv_start:kv_start + kv_len].float()

@@ -33,7 +33,13 @@ Rules, from torch-npu 2.10.0.post4's `torch_npu/_op_plugin_docs.py` (W:line):
   W:8176/W:8241 (TND with the paged cache) and W:8231 (TND lengths "在PA场景下"); the stand-in
   follows the latter, which is what vllm-ascend 0.23 runs on Atlas A2 on every decode.
 - The TND domain (bfloat16, D 128) and the head, mask and scale rules are FIA's own
-  (`attention.py`). A sequence with no visible key raises, as without paging.
+  (`attention.py`). A sequence with no visible key raises, as without paging, except a
+  decode query (one token) whose sequence has no key at all in this cache: vllm-ascend makes
+  that call wherever a CP rank holds none of a request's keys yet (short requests, the capture
+  warm-up's dummy batch, `pcp_utils._get_cp_local_seq_lens`), and W:8231 allows a key count of
+  0, but no passage says what FIA writes for it. Not read from a source: the stand-in writes
+  NaN to that row's output and LSE, so only a caller that discards them stays correct (the CP
+  merge masks such rows, `vllm_npu_ext.patches.vllm_ascend_cp.empty_shard_masks`).
 
 Token j of sequence b is row j % block_size of block `block_table[b, j // block_size]`; the
 gathered keys and values then go through the same float32 attention as unpaged calls.
@@ -107,7 +113,7 @@ def checked_paged(call: BoundCall) -> tuple[Packed, bool]:
     _require_fia_sizes(packed)
     require_real_scale(FIA, "scale", call.scale, head_dim)
     causal = _causal(FIA, call, FIA_SPARSE_MODES, MASK_DTYPES, MASK_SHAPES)
-    require_visible_keys(FIA, packed, causal)
+    require_visible_keys(FIA, packed, causal, decode_without_keys=True)
     return packed, causal
 
 
