@@ -39,6 +39,28 @@ def test_a_source_hashes_alike_imported_and_read_from_its_file():
     assert from_text == pins.source_hash(_ModelRegistry.resolve_model_cls)
 
 
+MODULE_WITH_A_MULTILINE_STRING = '''
+class Runner:
+    def prepare(self):
+        text = """first line
+        an indented second line"""
+        return text
+'''
+
+
+def test_a_method_with_a_multi_line_string_hashes_alike_imported_and_from_its_file(
+    tmp_path, monkeypatch
+):
+    """vllm-ascend's NPUModelRunner._prepare_inputs holds one: the method's own text dedented
+    would change the string's second line, and a live check would refuse the pinned source."""
+    (tmp_path / "pinned_runner.py").write_text(MODULE_WITH_A_MULTILINE_STRING)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import pinned_runner
+
+    from_text = pins.source_hash_in_module(MODULE_WITH_A_MULTILINE_STRING, "Runner.prepare")
+    assert from_text == pins.source_hash(pinned_runner.Runner.prepare)
+
+
 def resolve_model_cls(self, architectures, model_config):
     """Not vLLM's: a source no pin matches."""
     return None, "changed"

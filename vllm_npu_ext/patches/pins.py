@@ -36,8 +36,22 @@ def _node_hash(node: ast.AST) -> str:
 
 
 def source_hash(function: Callable) -> str:
-    """sha256 of `function`'s definition (through `functools.wraps` wrappers to the original)."""
-    source = textwrap.dedent(inspect.getsource(inspect.unwrap(function)))
+    """sha256 of `function`'s definition (through `functools.wraps` wrappers to the original).
+
+    Read from its module's source where it is defined at module or class level, as
+    `source_hash_in_module` reads a file: the definition's own text dedented would change the
+    lines of a multi-line string in it, and the two hashes of one function would differ."""
+    function = inspect.unwrap(function)
+    qualname = getattr(function, "__qualname__", "")
+    module = inspect.getmodule(function)
+    if module is not None and "<" not in qualname:
+        try:
+            digest = source_hash_in_module(inspect.getsource(module), qualname)
+        except (OSError, TypeError, SyntaxError):
+            digest = None
+        if digest is not None:
+            return digest
+    source = textwrap.dedent(inspect.getsource(function))
     return _node_hash(ast.parse(source).body[0])
 
 
