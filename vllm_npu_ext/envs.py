@@ -164,6 +164,11 @@ COS_SIN_PATCH = Flag(
     "0: leave vllm-ascend's per-step cos/sin table update on for our pooling model (it does "
     "not read them)",
 )  # fmt: skip
+PCP_INPUT_IDS_PATCH = Flag(
+    "VLLM_NPU_EXT_PCP_INPUT_IDS_PATCH", "1",
+    "0: leave vllm-ascend's PCP runner reading async scheduling's -1 placeholders as token ids "
+    "for its padding (an out-of-range embedding index at TP 1)",
+)  # fmt: skip
 ACCEPT_PATCH_SOURCES = Variable(
     "VLLM_NPU_EXT_ACCEPT_PATCH_SOURCES", "",
     "comma-separated sha256 hashes (as the refusal's log line and `vllm-npu-ext doctor` print "
@@ -199,7 +204,8 @@ VARIABLES: dict[str, Variable] = {
     for variable in (
         MODEL_OVERRIDE, GENERATION, EMULATE, KV_CACHE_FREE, FULL_GRAPH, COMPILE,
         CPU_FLOAT32_MATMUL, FUSED, *FUSE.values(), ATTENTION_OP, ATTENTION_UPDATE_KERNEL,
-        ATTENTION_UPDATE_CONTIGUOUS, CP_PATCH, COS_SIN_PATCH, ACCEPT_PATCH_SOURCES, BOOTSTRAP,
+        ATTENTION_UPDATE_CONTIGUOUS, CP_PATCH, COS_SIN_PATCH, PCP_INPUT_IDS_PATCH,
+        ACCEPT_PATCH_SOURCES, BOOTSTRAP,
         OPP_PATH, HOST_KERNEL_CACHE, TEI_MAX_CLIENT_BATCH_SIZE, SELFCHECK_EMULATE,
     )
 }

@@ -235,6 +235,7 @@ def fake_vllm_ascend(tmp_path, monkeypatch):
     """A minimal importable vllm_ascend; the hook and every import are undone afterwards."""
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delenv(envs.CP_PATCH.name, raising=False)
+    monkeypatch.setenv(envs.PCP_INPUT_IDS_PATCH.name, "0")  # its own tests: the runner's hook
     # The fake's functions are not vllm-ascend's: accepted knowingly, as a user would.
     monkeypatch.setenv(envs.ACCEPT_PATCH_SOURCES.name, ",".join(fake_source_hashes()))
     importlib.invalidate_caches()

@@ -68,6 +68,7 @@ def main() -> None:
     config = llm.llm_engine.vllm_config
     results = {"start_s": time.monotonic() - started, "runs": {},
                "cudagraph_mode": str(config.compilation_config.cudagraph_mode),
+               "async_scheduling": bool(config.scheduler_config.async_scheduling),
                "layers": config.model_config.hf_config.num_hidden_layers}  # fmt: skip
     cp = config.parallel_config.decode_context_parallel_size > 1 or (
         config.parallel_config.prefill_context_parallel_size > 1)

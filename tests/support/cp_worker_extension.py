@@ -110,11 +110,12 @@ class CPProbe:
     def cp_probe_counts(self) -> dict:
         from vllm_npu_ext.emulator.device import graphs
         from vllm_npu_ext.emulator.operators import npu_ext_cann
-        from vllm_npu_ext.patches import vllm_ascend_cp
+        from vllm_npu_ext.patches import vllm_ascend_cp, vllm_ascend_pcp_input_ids
 
         module = sys.modules.get(ATTENTION_CP)
         return {
             **counts, "graph replays": graphs.stats["replays"] - _state["replays_at_reset"],
+            "PCP placeholder ids set to 0": vllm_ascend_pcp_input_ids.stats["placeholder_ids"],
             "our CANN operator": npu_ext_cann.calls[npu_ext_cann.OP_NAME],
             "attention_cp imported": module is not None,
             "merge patched": module is not None

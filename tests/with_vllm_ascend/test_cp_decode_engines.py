@@ -20,10 +20,11 @@ within the bf16 bound derived in `support/cp_decode.py`. `enable_cp()` is cached
 Run settings and why: `cp_kv_cache_interleave_size` 1 and prompts longer than pcp x dcp
 tokens (no rank with an empty shard: FIA with no key is undefined), whole prompts in one
 step and no prefix caching (vllm-ascend's chunked-context path calls ATB's paged cache load,
-not emulated), PCP with async scheduling off (its DualChunkSwap padding reads the input
-batch's stale -1 placeholders under async scheduling, `worker/model_runner_v1.py:2737-2755`,
-and embeds them at TP 1: IndexError on the host), graph mode PIECEWISE (vLLM's default for
-generation, FULL_AND_PIECEWISE, captures decode in full graphs: FULL_DECODE_ONLY's APIs).
+not emulated), graph mode PIECEWISE (vLLM's default for generation, FULL_AND_PIECEWISE,
+captures decode in full graphs: FULL_DECODE_ONLY's APIs). PCP runs at vLLM's default async
+scheduling: vllm-ascend's DualChunkSwap padding reads a reused input-batch row's stale -1
+placeholders as token ids (`worker/model_runner_v1.py:2737-2755`), which our
+`vllm_ascend_pcp_input_ids` patch sets to 0 (without it: IndexError on the host at TP 1).
 """
 
 from __future__ import annotations
@@ -50,15 +51,13 @@ from support.server import Server
 from support.vllm_ascend_env import server_env
 
 MERGES = ("ours", "vllm-ascend")
-ASYNC_OFF = {"async_scheduling": False}
 PIECEWISE = {"enforce_eager": False, "compilation_config": {"cudagraph_mode": "PIECEWISE"}}
 # name -> (engine args, baseline run, extra worker flags, extra environment)
 ENGINES = {
     "tp1": ({}, None, (), {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}),
     "tp1 stock": ({}, None, ("--stock",), {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}),
-    "pcp2 eager": ({"prefill_context_parallel_size": 2, **ASYNC_OFF}, "tp1", (), {}),
-    "pcp2 piecewise": ({"prefill_context_parallel_size": 2, **ASYNC_OFF, **PIECEWISE}, "tp1",
-                       (), {}),
+    "pcp2 eager": ({"prefill_context_parallel_size": 2}, "tp1", (), {}),
+    "pcp2 piecewise": ({"prefill_context_parallel_size": 2, **PIECEWISE}, "tp1", (), {}),
     "dcp2 piecewise": ({"tensor_parallel_size": 2, "decode_context_parallel_size": 2,
                         **PIECEWISE}, "tp2", (), {}),
 }  # fmt: skip
@@ -225,6 +224,18 @@ def test_piecewise_engines_replay_vllm_ascends_acl_graphs(runs, name):
     for merge in MERGES:
         for worker in run_of(runs, name, merge)["workers"]:
             assert worker["graph replays"] > worker["CP decode layer-steps"], worker
+
+
+@pytest.mark.parametrize("name", [n for n in CP_RUNS if n.startswith("pcp2")])
+def test_pcp_engines_run_at_vllms_default_async_scheduling(runs, name):
+    """Async scheduling on (vLLM's default, not overridden here), and the second generate, in
+    input-batch rows the first one's requests left, gave vllm-ascend's PCP padding -1
+    placeholder ids: our patch set them to 0 in the worker (else the embedding's IndexError)."""
+    assert runs[name]["async_scheduling"] is True
+    counts = [[worker["PCP placeholder ids set to 0"] for worker in run_of(runs, name, merge)[
+        "workers"]] for merge in MERGES]  # per worker, counted since it started
+    print(f"{name}: placeholder ids set to 0 per worker, after each generate: {counts}")
+    assert all(after > before for before, after in zip(*counts, strict=True))
 
 
 def test_generation_with_our_plugin_is_stock_vllm_ascends(runs):

@@ -161,6 +161,32 @@ PATCHES: dict[str, Patch] = {patch.name: patch for patch in (
         verified_by_patch=True,
     ),
     Patch(
+        name="vllm_ascend_pcp_input_ids",
+        target="vllm_ascend.worker.model_runner_v1:NPUModelRunner._prepare_input_ids "
+               "(vLLM's, inherited)",
+        why="with PCP and async scheduling, vllm-ascend's runner reads the -1 placeholders a "
+            "finished request left in its input-batch row as the ids of its padding tokens, "
+            "an out-of-range embedding index at TP 1",
+        how="an import hook wraps the method on NPUModelRunner to set host ids below 0 to 0 "
+            "before vLLM's runs (vllm_ascend_pcp_input_ids.py)",
+        switch=envs.PCP_INPUT_IDS_PATCH,
+        when=REGISTER,
+        remove_when="vllm-ascend pads PCP requests without reading stale token ids",
+        install="vllm_npu_ext.patches.vllm_ascend_pcp_input_ids:install",
+        uninstall="vllm_npu_ext.patches.vllm_ascend_pcp_input_ids:uninstall",
+        pins={
+            "vllm_ascend.worker.model_runner_v1:NPUModelRunner._prepare_inputs": {
+                VLLM_ASCEND_0_23:
+                    "a8de723991b39442a95a80414edd76f0a33b3e91f07764607ac0346efba8d41e",
+            },
+            "vllm_ascend.worker.model_runner_v1:NPUModelRunner._bookkeeping_sync": {
+                VLLM_ASCEND_0_23:
+                    "2342b4687aa94008cc852f250e3e365040aefc94b89747bbecbef76d09fca173",
+            },
+        },  # vLLM's _prepare_input_ids: the vLLM vllm-ascend 0.23.0.post1 requires (0.23.0)
+        verified_by_patch=True,
+    ),
+    Patch(
         name="vllm_ascend_cos_sin",
         target="vllm_ascend.ops.rotary_embedding._cos_sin_cache",
         why="vllm-ascend's runner refreshes cos/sin tables every step for readers our "
