@@ -52,6 +52,7 @@ from collections.abc import Iterator
 from types import ModuleType
 
 from . import platform
+from .operators.atb import ATB_MODULE as atb  # `torch_npu.atb` (torch_npu's own module)
 from .operators.atb import _npu_matmul_add_fp32, _npu_reshape_and_cache, _npu_rotary_embedding
 from .operators.attention import (
     _npu_fused_infer_attention_score_get_max_workspace,
@@ -81,7 +82,7 @@ __version__ = "2.10.0.post4"
 
 __all__ = [
     "OPERATORS", "_npu_fused_infer_attention_score_get_max_workspace", "_npu_matmul_add_fp32",
-    "_npu_reshape_and_cache", "_npu_rotary_embedding", "calls", "corrupted", "emulated",
+    "_npu_reshape_and_cache", "_npu_rotary_embedding", "atb", "calls", "corrupted", "emulated",
     "inside_operator", "install", "install_stand_in", "reset_counts", "schema_document",
     "uninstall", "npu_add_rms_norm", "npu_attention_update", "npu_format_cast",
     "npu_fused_infer_attention_score", "npu_fusion_attention", "npu_add_rms_norm_dynamic_quant",

@@ -97,8 +97,11 @@ def _acl_modules() -> dict[str, ModuleType]:
     return {"acl": acl, "acl.rt": rt}
 
 
-def _python_modules() -> dict[str, ModuleType]:
-    """torch_npu's Python submodules that vllm-ascend imports names from."""
+def _python_modules(torch_npu: ModuleType) -> dict[str, ModuleType]:
+    """torch_npu's Python submodules that vllm-ascend imports names from, and `torch_npu.atb`,
+    which torch_npu also registers in `sys.modules` (op-plugin `op_plugin/python/atb/
+    _atb_ops.py` `_add_atb_module`) and vllm-ascend reads as an attribute
+    (`device/device_op.py:294`)."""
     atb_ops = strict_module(
         "torch_npu.op_plugin.atb._atb_ops", "ATB operators: none emulated.",
         _register_atb_extensions=_register_atb_extensions,
@@ -110,7 +113,7 @@ def _python_modules() -> dict[str, ModuleType]:
     )
     profiler = strict_module("torch_npu.profiler", "", dynamic_profile=dynamic_profile)
     return {module.__name__: module for module in (
-        op_plugin, atb, atb_ops, profiler, dynamic_profile)}  # fmt: skip
+        op_plugin, atb, atb_ops, profiler, dynamic_profile, torch_npu.atb)}  # fmt: skip
 
 
 # "vllm::all_gather" -> calls of an NPU-only operator run on the host by the fallback below.
@@ -152,7 +155,7 @@ def install(torch_npu: ModuleType) -> ModuleType:
     c, c10d = _c_modules()
     submodules = {
         "torch_npu.npu": npu, "torch_npu._C": c, "torch_npu._C._distributed_c10d": c10d,
-        **_python_modules(),
+        **_python_modules(torch_npu),
     }  # fmt: skip
     for name, module in submodules.items():
         if name.count(".") == 1:

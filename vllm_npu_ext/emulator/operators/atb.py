@@ -35,6 +35,42 @@ ProcessKVEqual / ProcessKVUnequalIncrement: `if (slotValue < 0) continue;`, and
 context-parallel slot mapping marks every token another rank stores with -1
 (`worker/block_table.py:253-276`). A slot at or past the caches' end is a ValueError here
 (the kernel would write past the cache).
+
+`torch_npu.atb.npu_paged_cache_load(key_cache, value_cache, block_table, context_lens, *,
+seq_starts=None, cumsum=False, key, value)`: ATB's PagedCacheLoadOperation, the reverse of
+ReshapeAndCache ("reshapeandcache反向", hicann/ascend-transformer-boost
+`include/atb/infer_op_params.h:3070-3101`), which vllm-ascend calls to load a request's
+context keys and values out of the paged cache: chunked context and prefix-cache hits under
+context parallelism (`attention/context_parallel/attention_cp.py:781-800`, through
+`device/device_op.py:293-302`, `BaseDeviceAdaptor.kv_cache_load`), MLA's chunked context
+(`attention/mla_v1.py:1193`) and the Mooncake connectors. op-plugin registers two overloads
+of one operator, the `.out` one (key and value written in place, returned) that vllm-ascend
+calls and a functional one that allocates them (Ascend/op-plugin branch 26.0.0
+`op_plugin/ops/atb/PagedCacheLoadAtb.cpp:77-94`); torch_npu binds the packet as
+`torch_npu.atb.npu_paged_cache_load`, `torch_npu.atb` being a module of its own
+(`op_plugin/python/atb/_atb_ops.py`: `ATB_API_LIST`, `_add_atb_module`, `_patch_atb_ops`:
+`setattr(ATB_MODULE, api_name, getattr(torch.ops.atb, api_name))`). The cache layout is
+chosen by the key cache's storage format (`PagedCacheLoadAtb.cpp:24-27`: FRACTAL_NZ selects
+K_CACHE_V_CACHE_NZ, anything else K_CACHE_V_CACHE_ND); the host keeps every tensor ND
+(`format_cast`), and only ND is emulated: key_cache `[num_blocks, block_size, N, D_k]`,
+value_cache `[..., D_v]`, key `[T, N, D_k]`, value `[T, N, D_v]` (NZ's 2-D key/value raise
+NotImplementedError). The ND kernel (`src/kernels/mixkernels/paged_cache_load/op_kernel/
+paged_cache_load_nd.cpp:137-224`) walks the requests in order: request b's n_b tokens (n_b =
+context_lens[b], or context_lens[b+1] - context_lens[b] with cumsum, whose first output row is
+context_lens[0]) are packed after the previous request's, token j read from row j % block_size
+of block block_table[b, seq_starts[b] // block_size + j // block_size]. seq_starts offsets
+whole blocks: the kernel divides it by block_size (`paged_cache_load_nd.cpp:158-160`), as the
+golden references do (ATB `tests/apitest/opstest/python/operations/paged_cache_load/
+test_paged_cache_load_operation_nd.py:100-106,154-159`; op-plugin
+`test/test_custom_ops/test_atb_paged_cache_load.py:99-105`), so for a multiple of
+block_size, which vllm-ascend always passes (zeros in `attention_cp.py:175-177`, chunk
+starts rounded down to block_size in `mla_v1.py:513-520`), it loads tokens
+[seq_starts[b], seq_starts[b] + n_b) of the request. The contract checks are ATB's
+(`src/kernels/mixkernels/paged_cache_load/paged_cache_load_operation.cpp:70-158`,
+`src/ops/ops_infer/paged_cache_load/paged_cache_load_operation.cpp:149-298`); what the
+device reads from its index tensors it cannot check (a block id outside the cache, a row
+past the block table's, more tokens than key holds: the kernel would read or write out of
+bounds), and those are ValueErrors here.
 """
 
 from __future__ import annotations
@@ -42,6 +78,7 @@ from __future__ import annotations
 import torch
 
 from ..runtime.registry import calls
+from ..runtime.strict import strict_module
 
 HALF_TYPES = (torch.float16, torch.bfloat16)
 CACHE_TYPES = (*HALF_TYPES, torch.int8)
@@ -56,6 +93,15 @@ SCHEMAS = {
                              "Tensor cos_sin_cache, bool is_neox_style) -> ()",
     "_npu_reshape_and_cache": "(Tensor key, Tensor value, Tensor(a!) key_cache, "
                               "Tensor(b!) value_cache, Tensor slot_indices) -> ()",
+    # Ascend/op-plugin 26.0.0 op_plugin/ops/atb/PagedCacheLoadAtb.cpp:77-87 (also master and
+    # 7.3.0): one operator, two overloads.
+    "npu_paged_cache_load.out": "(Tensor key_cache, Tensor value_cache, Tensor block_table, "
+                                "Tensor context_lens, *, Tensor? seq_starts=None, "
+                                "bool cumsum=False, Tensor(a!) key, Tensor(b!) value) "
+                                "-> (Tensor(a!), Tensor(b!))",
+    "npu_paged_cache_load": "(Tensor key_cache, Tensor value_cache, Tensor block_table, "
+                            "Tensor context_lens, *, Tensor? seq_starts=None, "
+                            "bool cumsum=False) -> (Tensor, Tensor)",
 }  # fmt: skip
 
 
@@ -164,15 +210,247 @@ def _npu_reshape_and_cache(
         cache.view(slots, *cache.shape[2:]).index_copy_(0, index, tensor.index_select(0, kept))
 
 
+PAGED_CACHE_LOAD = "npu_paged_cache_load"
+# ATB's kernel operation checks (hicann/ascend-transformer-boost
+# src/kernels/mixkernels/paged_cache_load/paged_cache_load_operation.cpp, "PCL op" below) and
+# its ND kernel (src/kernels/mixkernels/paged_cache_load/op_kernel/paged_cache_load_nd.cpp).
+_ALIGN_BYTES = 32  # PCL op:135-143: num_heads * head_size * element size, 32-byte aligned
+
+
+def _paged_cache_load_checks(
+    key_cache: torch.Tensor, value_cache: torch.Tensor, block_table: torch.Tensor,
+    context_lens: torch.Tensor, seq_starts: torch.Tensor | None, cumsum: bool,
+    key: torch.Tensor | None, value: torch.Tensor | None,
+) -> None:  # fmt: skip
+    """The shape, dtype and device contract, before any value is read (key and value None:
+    the functional overload, which allocates them)."""
+    name = PAGED_CACHE_LOAD
+    tensors = {"key_cache": key_cache, "value_cache": value_cache, "block_table": block_table,
+               "context_lens": context_lens, "seq_starts": seq_starts, "key": key,
+               "value": value}  # fmt: skip
+    tensors = {arg: tensor for arg, tensor in tensors.items() if tensor is not None}
+    for arg, tensor in tensors.items():
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{name}: {arg!r} must be a tensor")
+    if len({tensor.device for tensor in tensors.values()}) != 1:
+        raise ValueError(f"{name}: all tensors must be on one device")
+    for arg, tensor in tensors.items():
+        if tensor.numel() == 0:
+            # PCL op:79-84, 102: "should not be null tensor", Mki's CheckEmptyTensor (no
+            # elements and no data: ascend-boost-comm, public copy repo-mirror-test/
+            # ascend-boost-comm, src/utils/checktensor/check_tensor.cpp:56-60). Assumed, not
+            # read from torch_npu's source: a tensor of no elements
+            # reaches ATB without data (vllm-ascend calls only when total_toks > 0,
+            # attention_cp.py:789).
+            raise ValueError(f"{name}: {arg!r} must not be empty (ATB refuses an empty "
+                             f"tensor), got shape {tuple(tensor.shape)}")  # fmt: skip
+    if key is not None and value is not None and (key.dim() == 2 or value.dim() == 2):
+        # 2-D key/value [T, num_heads * head_size] belong to K_CACHE_V_CACHE_NZ (PCL op:184-185;
+        # ATB ops_infer paged_cache_load_operation.cpp:127-134), which op-plugin selects for a
+        # FRACTAL_NZ key cache (PagedCacheLoadAtb.cpp:24-27).
+        raise NotImplementedError(
+            f"{name}: the FRACTAL_NZ cache layout (kvCacheCfg K_CACHE_V_CACHE_NZ, 2-D key and "
+            "value) is not emulated; only ND (kvCacheCfg K_CACHE_V_CACHE_ND) is"
+        )
+    if key_cache.dtype not in CACHE_TYPES:  # PCL op:120-123
+        raise TypeError(f"{name}: key_cache dtype {key_cache.dtype} not supported (float16, "
+                        "bfloat16, int8)")  # fmt: skip
+    if value_cache.dtype != key_cache.dtype:
+        # The ND kernel reads both caches as one element type T (paged_cache_load_nd.cpp:39-40,
+        # 240-251); PCL op checks only the key cache's dtype against the outputs' (147-148).
+        raise TypeError(f"{name}: value_cache dtype {value_cache.dtype} must be key_cache's "
+                        f"{key_cache.dtype}")  # fmt: skip
+    for arg, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
+        if cache.dim() != 4:  # PCL op:125-126
+            raise ValueError(f"{name}: {arg} must be 4-D [num_blocks, block_size, num_heads, "
+                             f"head_size] (ND), got {tuple(cache.shape)}")  # fmt: skip
+        if not cache.is_contiguous():
+            # The kernel addresses block * block_size * num_heads * head_size
+            # (paged_cache_load_nd.cpp:194, 212): a dense ND cache.
+            raise ValueError(f"{name}: {arg} must be contiguous (ND)")
+        row_bytes = cache.shape[2] * cache.shape[3] * cache.element_size()
+        if row_bytes % _ALIGN_BYTES:  # PCL op:135-143; op-plugin _atb_api_docs.py:633-634
+            raise ValueError(f"{name}: {arg}'s num_heads * head_size * element size "
+                             f"({row_bytes} bytes) must be a multiple of 32")  # fmt: skip
+    if tuple(key_cache.shape[:3]) != tuple(value_cache.shape[:3]):
+        # num_blocks, block_size: PCL op:127-130; num_heads: ATB ops_infer
+        # paged_cache_load_operation.cpp:164-172.
+        raise ValueError(f"{name}: key_cache {tuple(key_cache.shape)} and value_cache "
+                         f"{tuple(value_cache.shape)} must share num_blocks, block_size and "
+                         "num_heads")  # fmt: skip
+    if key_cache.shape[1] == 0:  # ops_infer paged_cache_load_operation.cpp:173-176
+        raise ValueError(f"{name}: key_cache's block_size must not be 0")
+    if block_table.dtype != torch.int32 or block_table.dim() != 2:  # PCL op:86, 89
+        raise TypeError(f"{name}: block_table must be a 2-D int32 tensor [batch, max_blocks], "
+                        f"got {block_table.dtype} {tuple(block_table.shape)}")  # fmt: skip
+    if context_lens.dtype != torch.int32 or context_lens.dim() != 1:  # PCL op:87, 90
+        raise TypeError(f"{name}: context_lens must be a 1-D int32 tensor, got "
+                        f"{context_lens.dtype} {tuple(context_lens.shape)}")  # fmt: skip
+    batch = block_table.shape[0]
+    want = batch + 1 if cumsum else batch  # PCL op:93-99 (cumsum: [batch + 1])
+    if context_lens.shape[0] != want:
+        raise ValueError(
+            f"{name}: context_lens must have {want} entries for block_table's {batch} rows "
+            f"(cumsum={cumsum}), got {context_lens.shape[0]}"
+        )
+    # seq_starts=None (op-plugin's default, hasSeqStarts false: PagedCacheLoadAtb.cpp:25-26)
+    # reads from each request's first block (nd.cpp:157-160). Not determined from the sources:
+    # whether ATB's ND operation, which counts 7 inputs (ops_infer
+    # paged_cache_load_operation.cpp:93-100), accepts the 6-tensor pack op-plugin then builds
+    # (atb_acl_paged_cache_load.cpp:41-45); vllm-ascend always passes seq_starts.
+    if seq_starts is not None:  # PCL op:100-107
+        if seq_starts.dtype != torch.int32 or seq_starts.dim() != 1:
+            raise TypeError(f"{name}: seq_starts must be a 1-D int32 tensor, got "
+                            f"{seq_starts.dtype} {tuple(seq_starts.shape)}")  # fmt: skip
+        if seq_starts.shape[0] != batch:
+            raise ValueError(f"{name}: seq_starts must have block_table's {batch} entries, "
+                             f"got {seq_starts.shape[0]}")  # fmt: skip
+    for arg, out, cache in (("key", key, key_cache), ("value", value, value_cache)):
+        if out is None:
+            continue
+        if out.dim() != 3:  # PCL op:145-146
+            raise ValueError(f"{name}: {arg!r} must be 3-D [tokens, num_heads, head_size] (ND), "
+                             f"got {tuple(out.shape)}")  # fmt: skip
+        if out.dtype != key_cache.dtype:  # PCL op:147-148
+            raise TypeError(f"{name}: {arg!r} dtype {out.dtype} must be the caches' "
+                            f"{key_cache.dtype}")  # fmt: skip
+        if tuple(out.shape[1:]) != tuple(cache.shape[2:]):  # PCL op:152-155
+            raise ValueError(f"{name}: {arg!r} {tuple(out.shape)} must be [tokens, "
+                             f"{cache.shape[2]}, {cache.shape[3]}] (its cache's num_heads and "
+                             "head_size)")  # fmt: skip
+        if not out.is_contiguous():
+            # The kernel writes row (token * num_heads * head_size) of a dense output
+            # (paged_cache_load_nd.cpp:197, 215).
+            raise ValueError(f"{name}: {arg!r} must be contiguous")
+    if key is not None and value is not None and key.shape[0] != value.shape[0]:
+        raise ValueError(f"{name}: 'key' and 'value' must have one token count, got "
+                         f"{key.shape[0]} and {value.shape[0]}")  # PCL op:149-150  # fmt: skip
+
+
+def _paged_cache_load_plan(
+    key_cache: torch.Tensor, block_table: torch.Tensor, context_lens: torch.Tensor,
+    seq_starts: torch.Tensor | None, cumsum: bool,
+) -> tuple[int, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(rows the outputs need, output row per loaded token, cache slot per loaded token), the
+    ND kernel's walk (paged_cache_load_nd.cpp:143-223), with the index checks the device
+    cannot make."""
+    name = PAGED_CACHE_LOAD
+    num_blocks, block_size = key_cache.shape[0], key_cache.shape[1]
+    batch, table_width = block_table.shape
+    lens = [int(v) for v in context_lens.tolist()]
+    if cumsum:  # paged_cache_load_nd.cpp:144-149: rows from context_lens[0]
+        bounds = list(zip(lens[:-1], lens[1:], strict=True))
+        if any(end < start for start, end in bounds) or (lens and lens[0] < 0):
+            raise ValueError(f"{name}: context_lens must be non-negative and non-decreasing "
+                             "with cumsum=True")  # fmt: skip
+    else:  # paged_cache_load_nd.cpp:150-153; op-plugin PagedCacheLoadAtb.cpp:50 (>= 0)
+        if any(n < 0 for n in lens):
+            raise ValueError(f"{name}: context_lens must be non-negative, got {lens}")
+        starts = [sum(lens[:b]) for b in range(batch)]
+        bounds = [(start, start + n) for start, n in zip(starts, lens, strict=True)]
+    offsets = [int(v) for v in seq_starts.tolist()] if seq_starts is not None else [0] * batch
+    if any(s < 0 for s in offsets):
+        raise ValueError(f"{name}: seq_starts must be non-negative, got {offsets}")
+    rows, slots = [], []
+    for b, ((start, end), offset) in enumerate(zip(bounds, offsets, strict=True)):
+        tokens = torch.arange(end - start)
+        # Whole blocks: the kernel reads seq_starts[b] / block_size (nd.cpp:158-160).
+        columns = offset // block_size + tokens // block_size
+        if len(tokens) and int(columns[-1]) >= table_width:
+            raise ValueError(
+                f"{name}: request {b} reads block_table column {int(columns[-1])} (seq_starts "
+                f"{offset}, {end - start} tokens, block_size {block_size}); block_table has "
+                f"{table_width} columns"
+            )
+        blocks = block_table[b].long().index_select(0, columns.to(block_table.device))
+        # The ND kernel reads any id it is given (nd.cpp:162, 194); ATB's golden skips a
+        # negative id (test_paged_cache_load_operation_nd.py:108-109), the kernel does not.
+        if len(tokens) and (int(blocks.min()) < 0 or int(blocks.max()) >= num_blocks):
+            raise ValueError(f"{name}: block_table row {b} holds a block id outside the "
+                             f"caches' {num_blocks} blocks: {blocks.tolist()}")  # fmt: skip
+        rows.append(start + tokens)
+        slots.append(blocks.cpu() * block_size + tokens % block_size)
+    needed = bounds[-1][1] if bounds else (lens[0] if lens else 0)
+    empty = torch.zeros(0, dtype=torch.long)
+    return needed, torch.cat([empty, *rows]), torch.cat([empty, *slots])
+
+
+def _paged_cache_load_kernel(
+    key_cache: torch.Tensor, value_cache: torch.Tensor, block_table: torch.Tensor,
+    context_lens: torch.Tensor, seq_starts: torch.Tensor | None, cumsum: bool,
+    key: torch.Tensor, value: torch.Tensor,
+) -> None:  # fmt: skip
+    name = PAGED_CACHE_LOAD
+    needed, rows, slots = _paged_cache_load_plan(
+        key_cache, block_table, context_lens, seq_starts, cumsum
+    )
+    if needed > key.shape[0]:
+        # The kernel writes request after request from row 0 (or context_lens[0]) with no
+        # bound (nd.cpp:197, 215); ATB checks only that key and value agree (PCL op:149-150).
+        raise ValueError(f"{name}: 'key' and 'value' hold {key.shape[0]} tokens; context_lens "
+                         f"needs {needed}")  # fmt: skip
+    rows, slots = rows.to(key.device), slots.to(key.device)
+    for out, cache in ((key, key_cache), (value, value_cache)):
+        flat = cache.view(cache.shape[0] * cache.shape[1], *cache.shape[2:])
+        out.index_copy_(0, rows, flat.index_select(0, slots))  # rows past `needed`: untouched
+
+
+def npu_paged_cache_load_out(
+    key_cache: torch.Tensor, value_cache: torch.Tensor, block_table: torch.Tensor,
+    context_lens: torch.Tensor, *, seq_starts: torch.Tensor | None = None, cumsum: bool = False,
+    key: torch.Tensor, value: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The `.out` overload (op-plugin PagedCacheLoadAtb.cpp:18-36): key and value in place."""
+    calls[PAGED_CACHE_LOAD] += 1
+    _paged_cache_load_checks(key_cache, value_cache, block_table, context_lens, seq_starts,
+                             cumsum, key, value)  # fmt: skip
+    _paged_cache_load_kernel(key_cache, value_cache, block_table, context_lens, seq_starts,
+                             cumsum, key, value)  # fmt: skip
+    return key, value
+
+
+def npu_paged_cache_load(
+    key_cache: torch.Tensor, value_cache: torch.Tensor, block_table: torch.Tensor,
+    context_lens: torch.Tensor, *, seq_starts: torch.Tensor | None = None, cumsum: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The functional overload (op-plugin PagedCacheLoadAtb.cpp:38-75): key and value of
+    sum(context_lens) tokens (context_lens[-1] with cumsum), allocated like the caches."""
+    calls[PAGED_CACHE_LOAD] += 1
+    _paged_cache_load_checks(key_cache, value_cache, block_table, context_lens, seq_starts,
+                             cumsum, None, None)  # fmt: skip
+    needed, _, _ = _paged_cache_load_plan(key_cache, block_table, context_lens, seq_starts,
+                                          cumsum)  # fmt: skip
+    if needed == 0:  # outputs of no token: an empty tensor, which ATB refuses (see checks)
+        raise ValueError(f"{PAGED_CACHE_LOAD}: context_lens select no token; 'key' and "
+                         "'value' would be empty (ATB refuses an empty tensor)")  # fmt: skip
+    key = key_cache.new_empty((needed, *key_cache.shape[2:]))  # PagedCacheLoadAtb.cpp:56-61
+    value = value_cache.new_empty((needed, *value_cache.shape[2:]))
+    _paged_cache_load_kernel(key_cache, value_cache, block_table, context_lens, seq_starts,
+                             cumsum, key, value)  # fmt: skip
+    return key, value
+
+
+def _fake_paged_cache_load_out(*args, key, value, **kwargs):
+    return key, value  # the schema's `-> (Tensor(a!), Tensor(b!))`: the outputs given
+
+
+# Fake kernels: the `-> ()` operators return nothing; the functional npu_paged_cache_load has
+# none, as in torch_npu (its output length is read from context_lens on the device, and the
+# wheel's `op_plugin/atb/_atb_meta_registrations.py` registers no meta kernel for it).
+FAKES = {name: (lambda *args: None) for name in SCHEMAS if not name.startswith(PAGED_CACHE_LOAD)}
+FAKES["npu_paged_cache_load.out"] = _fake_paged_cache_load_out
+
+
 def _register() -> torch.library.Library | None:
     """Define `torch.ops.atb.<name>` for each of `SCHEMAS` with its CPU kernel (once)."""
     if torch._C._jit_get_schemas_for_operator(f"{NAMESPACE}::_npu_reshape_and_cache"):
         return None  # registered by an earlier import
     library = torch.library.Library(NAMESPACE, "FRAGMENT")
-    for name, schema in SCHEMAS.items():
+    for name, schema in SCHEMAS.items():  # "op" or "op.overload": kernel `op` / `op_overload`
         library.define(name + schema)
-        library.impl(name, globals()[name], "CPU")
-        torch.library.register_fake(f"{NAMESPACE}::{name}", lambda *args: None, lib=library)
+        library.impl(name, globals()[name.replace(".", "_")], "CPU")
+        if name in FAKES:
+            torch.library.register_fake(f"{NAMESPACE}::{name}", FAKES[name], lib=library)
     return library
 
 
@@ -181,3 +459,12 @@ _LIBRARY = _register()
 _npu_matmul_add_fp32 = torch.ops.atb._npu_matmul_add_fp32  # noqa: F811
 _npu_rotary_embedding = torch.ops.atb._npu_rotary_embedding  # noqa: F811
 _npu_reshape_and_cache = torch.ops.atb._npu_reshape_and_cache  # noqa: F811
+# What torch_npu binds as `torch_npu.atb.<name>` (its `ATB_API_LIST`): the packet, whose
+# overload torch picks from the arguments (key= and value= select `.out`).
+npu_paged_cache_load = torch.ops.atb.npu_paged_cache_load  # noqa: F811
+# `torch_npu.atb`: torch_npu's module of ATB operators (`_atb_ops.py` `_add_atb_module`:
+# `torch_npu.atb`, also `sys.modules["torch_npu.atb"]`); only the names above are emulated.
+ATB_MODULE = strict_module(
+    "torch_npu.atb", "ATB operators bound by torch_npu as torch_npu.atb.<name>.",
+    npu_paged_cache_load=npu_paged_cache_load,
+)  # fmt: skip
