@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.scripts import load_script
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from vllm_npu_ext import emulator
@@ -134,12 +135,25 @@ def test_one_operator_with_the_schema_op_plugin_registers():
     assert seen == ["atb.npu_paged_cache_load.out"]
 
 
-def _vllm_ascend_device_op() -> Path | None:
+def _vllm_ascend_device_op() -> tuple[str, str]:
+    """vllm-ascend 0.23.0.post1's `device/device_op.py` (name, text): the installed one where
+    there is one, else from its sha256-pinned sdist (build/sdist, or downloaded as the CP
+    patch tests do), so the test runs on both stacks."""
     spec = importlib.util.find_spec("vllm_ascend")
     root = (Path(spec.origin).parent if spec and spec.origin else
             Path(__file__).resolve().parents[2] / ".venv-ascend/vllm-ascend/vllm_ascend")
     path = root / "device" / "device_op.py"
-    return path if path.is_file() else None
+    if path.is_file():
+        return str(path), path.read_text()
+    check_script = load_script("scripts/check_vllm_ascend_patch.py")
+    sdist_dir = Path(__file__).resolve().parents[2] / "build" / "sdist"
+    sdist = sdist_dir / check_script.SDIST_NAME
+    if not sdist.exists():
+        try:
+            sdist = check_script.download_sdist(sdist_dir)
+        except OSError as error:
+            pytest.fail(f"vllm-ascend sdist unavailable ({error})")
+    return str(sdist), check_script.read_sources(sdist)["vllm_ascend/device/device_op.py"]
 
 
 def test_reachable_as_vllm_ascend_calls_it():
@@ -158,10 +172,8 @@ def test_reachable_as_vllm_ascend_calls_it():
             torch_npu.atb.npu_ring_mla  # noqa: B018
     assert torch.equal(key, torch.cat(keys)) and torch.equal(value, torch.cat(values))
 
-    path = _vllm_ascend_device_op()
-    if path is None:
-        pytest.skip("vllm-ascend's sources are not installed (make setup-ascend)")
-    tree = ast.parse(path.read_text())
+    path, text = _vllm_ascend_device_op()
+    tree = ast.parse(text)
     adaptor = next(node for node in tree.body
                    if isinstance(node, ast.ClassDef) and node.name == "BaseDeviceAdaptor")
     functions = [node for node in adaptor.body if isinstance(node, ast.FunctionDef)
@@ -169,7 +181,7 @@ def test_reachable_as_vllm_ascend_calls_it():
     for function in functions:
         function.decorator_list = []  # plain functions: `cls` is unused by both
     namespace = {"torch_npu": emulator}
-    exec(compile(ast.Module(functions, []), str(path), "exec"), namespace)
+    exec(compile(ast.Module(functions, []), path, "exec"), namespace)
     # vllm-ascend writes a rank's keys with reshape_and_cache, then loads them back.
     key_cache = torch.zeros_like(key_cache)
     value_cache = torch.zeros_like(value_cache)
