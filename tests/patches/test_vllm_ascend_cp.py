@@ -161,6 +161,17 @@ def test_no_masks_without_empty_rows_metadata_or_outside_capture(monkeypatch):
     assert vllm_ascend_cp.empty_shard_masks(2, torch.device("cpu")) == (None, None)
 
 
+def test_empty_shard_masks_are_computed_once_per_step(monkeypatch):
+    """Every layer of a step reads the same metadata: the masks of its first layer serve the
+    others; the next step's metadata (a new array) gets its own."""
+    cp_step(monkeypatch, [[[0, 1]], [[2, 2]]])
+    first = vllm_ascend_cp.empty_shard_masks(2, torch.device("cpu"))
+    again = vllm_ascend_cp.empty_shard_masks(2, torch.device("cpu"))
+    assert first[0] is again[0] and first[0].tolist() == [True, False]
+    cp_step(monkeypatch, [[[2, 1]], [[0, 2]]])
+    assert vllm_ascend_cp.empty_shard_masks(2, torch.device("cpu"))[0].tolist() == [False, True]
+
+
 @pytest.mark.parametrize("kernel", ["custom", "list"])
 def test_patched_merge_gives_zero_for_a_request_without_keys_whatever_fia_wrote(
     monkeypatch, kernel

@@ -84,13 +84,19 @@ def _device_groups():
 # Rows of the current merge where no CP rank holds a key (bool `[bs]` on the device), set by
 # `process_attn_out_lse` for the `npu_attention_update` call that follows it in the same layer.
 _rows_without_keys = None
+# The masks of the step being run: (its key-count array, bs, device, masks). Every layer of a
+# step reads the same metadata object (one per KV-cache group), so they are computed once; the
+# CP builder makes a new array every step (`np.array(...)` in AscendAttentionCPMetadataBuilder
+# .build; the PCP manager's refresh assigns a new `.numpy()` view), so its identity names the step.
+_step_masks = None
 
 
 def local_kv_lengths(num_tokens: int):
     """Every CP rank's key count per decode request of this step, as vllm-ascend's CP builder
     computed it: int `[bs, pcp, dcp]` (`decode_meta.num_computed_tokens_of_pcp_dcp`, the lengths
     FIA is called with, `attention_cp.py:610-612`), or None where the step's metadata has none
-    for `num_tokens` decode rows (MLA, a prefill-only step, no forward context)."""
+    for `num_tokens` decode rows (MLA, a prefill-only step, no forward context). The array is
+    the metadata's own (rows past `num_tokens` included), so a step is known by its identity."""
     from vllm.forward_context import get_forward_context, is_forward_context_available
 
     if not is_forward_context_available():
@@ -101,7 +107,7 @@ def local_kv_lengths(num_tokens: int):
             decode = getattr(layer_metadata, "decode_meta", None)
             lengths = getattr(decode, "num_computed_tokens_of_pcp_dcp", None)
             if lengths is not None and getattr(layer_metadata, "num_decodes", None) == num_tokens:
-                return numpy.asarray(lengths)[:num_tokens]
+                return lengths
     return None
 
 
@@ -116,15 +122,23 @@ def empty_shard_masks(num_tokens: int, device) -> tuple[object, object]:
     capturing = getattr(getattr(torch, "npu", None), "is_current_stream_capturing", None)
     if capturing is not None and capturing():
         return None, None
-    lengths = local_kv_lengths(num_tokens)
-    if lengths is None:
+    global _step_masks
+    step = local_kv_lengths(num_tokens)
+    if step is None:
         return None, None
+    if _step_masks is not None and _step_masks[0] is step and _step_masks[1:3] == (
+        num_tokens, device
+    ):
+        return _step_masks[3]
+    lengths = numpy.asarray(step)[:num_tokens]
     dcp, pcp = cp_group_coordinators()
     local = lengths[:, pcp.rank_in_group, dcp.rank_in_group] == 0
     everywhere = (lengths == 0).reshape(num_tokens, -1).all(axis=1)
-    return tuple(
+    masks = tuple(
         torch.from_numpy(rows).to(device) if rows.any() else None for rows in (local, everywhere)
     )
+    _step_masks = (step, num_tokens, device, masks)
+    return masks
 
 
 def process_attn_out_lse(attn_output, softmax_lse):
