@@ -145,9 +145,10 @@ def graph_entry(results: dict) -> dict:
     custom ops (attention). Per layer means a middle layer: totals divided by the layer count,
     rounded down, which leaves out what runs once per forward (the embedding, the first
     layer's plain input norm, the final norm); that and the runner's own launches (input
-    preparation, the slot mapping, pooling) are `launches_per_forward_besides`. Host-code
-    custom ops recorded in the graphs (op_counter.HOST_CODE_OPS: at TP=1 they launch nothing,
-    vllm-ascend `ops/register_custom_ops.py:73-83`) are listed apart, not counted."""
+    preparation, the slot mapping, pooling) are `launches_per_forward_besides`. The stand-in
+    enters host-code custom ops at capture (the graphs hold what they launch; at TP=1
+    `maybe_chunk_residual` launches nothing, vllm-ascend `ops/register_custom_ops.py:73-83`);
+    one of op_counter.HOST_CODE_OPS recorded whole would be listed apart, not counted."""
     sys.path.insert(0, str(BENCHMARKS))
     from op_counter import HOST_CODE_OPS
 

@@ -53,8 +53,38 @@ def rank_worker(rank: int, world: int) -> dict:
     cpu = torch.tensor([rank + 1.0])
     dist.all_reduce(cpu)
     out["cpu_all_reduce"] = cpu.tolist()
+    out.update(_captured(rank, world))
     dist.barrier()
     return out
+
+
+def _captured(rank: int, world: int) -> dict:
+    """Collectives in an NPU graph: recorded in capture order, run again by each replay on the
+    captured buffers (a new input is seen, the outputs are rewritten), functional ones too."""
+    from vllm_npu_ext.emulator.device import graphs
+
+    x = torch.full((2,), float(rank + 1), device="npu")
+    graph = torch.npu.NPUGraph()
+    with torch.npu.graph(graph):
+        summed = x * 1
+        dist.all_reduce(summed)
+        exchanged = torch.empty(world, device="npu")
+        dist.all_to_all_single(exchanged, x + 10 * rank)
+        gathered = torch.empty(world * 2, device="npu")
+        dist.all_gather_into_tensor(gathered, x)
+        functional = torch.ops._c10d_functional.wait_tensor(torch.ops._c10d_functional.all_reduce(
+            x * 1, "sum", dist.group.WORLD.group_name))  # fmt: skip
+    x.fill_(10.0 * (rank + 1))
+    graph.replay()
+    return {
+        "graph collectives": graph.collectives,
+        "graph operators": [op for op in graph.operators if "c10d" in op],
+        "replayed all_reduce": summed.cpu().tolist(),
+        "replayed all_to_all_single": exchanged.cpu().tolist(),
+        "replayed all_gather_into_tensor": gathered.cpu().tolist(),
+        "replayed functional all_reduce": functional.cpu().tolist(),
+        "collective nodes": graphs.stats["collective_nodes"],
+    }
 
 
 @pytest.fixture(scope="module")
@@ -80,3 +110,18 @@ def test_collectives_write_the_npu_tensors(results, rank):
     assert r["cpu_all_reduce"] == [3.0]
     if rank == 1:
         assert r["recv"] == [7.0, 8.0]
+
+
+@pytest.mark.parametrize("rank", range(WORLD))
+def test_a_captured_graph_runs_its_collectives_again_on_every_replay(results, rank):
+    """HCCL operators are tasks of an ACL graph (`collectives`, `graphs.CollectiveNode`): each
+    replay exchanges the values the replayed operators wrote into the captured buffers."""
+    r = results[rank]
+    assert r["graph collectives"] == [
+        "hccl.allreduce", "hccl.alltoall_base", "hccl._allgather_base", "hccl.allreduce"]
+    assert r["graph operators"] == []  # the functional op's kernel is host code, entered
+    assert r["collective nodes"] == 4
+    assert r["replayed all_reduce"] == [30.0, 30.0]
+    assert r["replayed all_to_all_single"] == [10.0, 30.0]  # x + 10 * rank, one from each
+    assert r["replayed all_gather_into_tensor"] == [10.0, 10.0, 20.0, 20.0]
+    assert r["replayed functional all_reduce"] == [30.0, 30.0]

@@ -155,3 +155,64 @@ def test_npugraph_ex_registration_as_torch_npu_leaves_it():
     with pytest.raises(AttributeError, match="torchair.get_npu_backend is not implemented"):
         torchair.get_npu_backend  # noqa: B018
     assert graphs.is_current_stream_capturing() is False
+
+
+_library = torch.library.Library("vllm", "FRAGMENT")  # vLLM's namespace for its Python ops
+_library.define("graphs_test_gather(Tensor x) -> Tensor")
+
+
+def _gather(x):
+    """As vllm-ascend's NPU communicator all-gathers along dim 1: a buffer filled, then
+    reshaped across a moved dim (a copy)."""
+    buffer = torch.empty((2 * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+    buffer.copy_(torch.cat([x, x * 2]))
+    return buffer.reshape(2, *x.shape).movedim(0, 1).reshape(x.shape[0], 2 * x.shape[1], -1)
+
+
+_library.impl("graphs_test_gather", _gather, "PrivateUse1")
+
+
+@pytest.mark.parametrize("inference", [False, True])
+def test_vllm_python_operators_are_captured_as_the_kernels_they_launch(inference):
+    """vLLM's `direct_register_custom_op` registers Python functions for PrivateUse1 (its
+    attention and communication ops): a graph holds what they launch, replayed with new inputs.
+    Under inference mode (vLLM's), reshape reaches the recorder whole and is decomposed: its
+    copy of a non-contiguous input is a kernel of the graph."""
+    with torch.inference_mode(inference):
+        x = torch.randn(3, 2, 4, device="npu")
+        graph, out = capture(torch.ops.vllm.graphs_test_gather, x)
+        assert graph.operators == ["aten.mul.Tensor", "aten.cat.default", "aten.copy_.default",
+                                   "aten.clone.default", "aten._unsafe_view.default"]  # fmt: skip
+        new = torch.randn(3, 2, 4)
+        x.copy_(new)
+        graph.replay()
+        torch.testing.assert_close(out.cpu(), _gather(new))
+
+
+def test_a_stand_in_kernel_in_vllm_namespace_is_one_launch():
+    """`graphs.DEVICE_KERNELS` (the stand-in's Triton operators registered in vLLM's
+    namespace) are recorded whole, as the one kernel they are on the device."""
+    graphs.DEVICE_KERNELS.add("vllm::graphs_test_gather")
+    try:
+        graph, _ = capture(torch.ops.vllm.graphs_test_gather, torch.randn(3, 2, 4, device="npu"))
+    finally:
+        graphs.DEVICE_KERNELS.discard("vllm::graphs_test_gather")
+    assert graph.operators == ["vllm.graphs_test_gather.default"]
+
+
+def test_allocations_are_not_replayed():
+    """`new_empty` is memory, not a kernel: a replay must not overwrite what the graph's other
+    kernels wrote into it (its fresh result holds whatever memory held)."""
+    x = torch.randn(4, device="npu")
+
+    def piece(x):
+        buffer = x.new_empty((2, 4))
+        buffer[0].copy_(x)
+        buffer[1].copy_(x * 2)
+        return buffer
+
+    graph, out = capture(piece, x)
+    assert all("empty" not in op for op in graph.operators)
+    x.copy_(torch.arange(4.0))
+    graph.replay()
+    torch.testing.assert_close(out.cpu(), torch.stack([torch.arange(4.0), 2 * torch.arange(4.0)]))

@@ -5,7 +5,11 @@ vllm-ascend's device groups use it. Here a group of that name is a Python Proces
 hands every collective to a gloo group over the same store. gloo takes only CPU (and CUDA)
 tensors, so an `npu` tensor goes to it as its host view (`host_npu.host_view`: a CPU tensor
 over the same memory): gloo reads and writes the npu tensor's own bytes, and the collective's
-Work is gloo's. Torch calls these methods from Python (`dist.all_reduce` ->
+Work is gloo's. A collective issued while an NPU graph is being captured is also a task of
+that graph (`graphs.CollectiveNode`): HCCL operators are captured into ACL graphs on the
+device (vllm-ascend's full graphs hold its TP all-reduce and its CP all-gather and all-to-all,
+`attention/context_parallel/attention_cp.py:573-685`), and each replay runs them again on the
+captured buffers. Torch calls these methods from Python (`dist.all_reduce` ->
 `group.allreduce`) and from C++ (functional collectives, through ProcessGroup's Python
 trampoline).
 """
@@ -17,8 +21,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.utils._python_dispatch import _disable_current_modes
 
-from . import host_npu
+from . import graphs, host_npu
 
 HCCL = "hccl"
 # ProcessGroup methods that take tensors; each goes to gloo with npu tensors as host views.
@@ -48,9 +53,18 @@ RENAMED = {
 
 def _forward(name: str):
     def collective(self, *args: Any, **kwargs: Any):
-        method = getattr(self._gloo, RENAMED.get(name, name))
-        return method(*(_on_host(arg) for arg in args),
-                      **{key: _on_host(value) for key, value in kwargs.items()})  # fmt: skip
+        gloo_name = RENAMED.get(name, name)  # one name on every torch
+        method = getattr(self._gloo, gloo_name)
+        args = tuple(_on_host(arg) for arg in args)
+        kwargs = {key: _on_host(value) for key, value in kwargs.items()}
+        graph = graphs.capturing_graph()
+        if graph is not None:  # an HCCL task of the graph: each replay issues it again
+            graph.record_node(graphs.CollectiveNode(gloo_name, method, args, kwargs))
+        # gloo runs the collective on a thread of its own, with the caller's thread-local
+        # state: a dispatch mode active here (a capture's recorder) would reach that thread
+        # without the state torch's Python dispatch needs on entry (an internal assert).
+        with _disable_current_modes():
+            return method(*args, **kwargs)
 
     collective.__name__ = name
     collective.__doc__ = f"ProcessGroup.{name} by gloo; npu tensors as their host views."

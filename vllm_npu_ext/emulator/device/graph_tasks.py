@@ -162,6 +162,7 @@ def graph_task_update_end(stream: Any) -> None:
     _updates.pop()
     update.__exit__(None, None, None)
     update.apply()
+    graphs.stats["task_updates"] += 1
 
 
 class ExternalEvent:

@@ -61,7 +61,10 @@ captured_operators: collections.Counter[str] = collections.Counter()  # by name,
 _capturing: list[NPUGraph] = []  # the graph under capture (one at a time, as on the device)
 _waiting: list[NPUGraph] = []  # replays stopped at a wait node (the stream is blocked)
 # Operators whose result is memory, not the result of a kernel: nothing to replay.
-_ALLOCATIONS = frozenset({"aten::empty.memory_format", "aten::empty_strided", "aten::empty_like"})
+_ALLOCATIONS = frozenset({
+    "aten::empty.memory_format", "aten::empty_strided", "aten::empty_like", "aten::new_empty",
+    "aten::new_empty_strided",
+})  # fmt: skip
 # Operators that make the host wait for device values, and those that copy to the host.
 _HOST_READS = frozenset({"aten::_local_scalar_dense", "aten::item", "aten::nonzero"})
 _COPIES = frozenset({"aten::_to_copy", "aten::copy_", "aten::to"})
@@ -86,14 +89,34 @@ def is_view(func) -> bool:
                for r in func._schema.returns)  # fmt: skip
 
 
-def _host_code(func) -> bool:
-    """A custom operator (not aten's) whose kernel is host code: registered for
-    CompositeExplicitAutograd and for no device key."""
+# Namespaces whose operators are Python functions registered for the device's dispatch key:
+# vLLM's `direct_register_custom_op` defines them in its `vllm` library with the function as
+# the kernel for `current_platform.dispatch_key`, PrivateUse1 on vllm-ascend's NPUPlatform
+# (vLLM 0.23 `vllm/utils/torch_utils.py:931-969`, `vllm_ascend/platform.py:138`): its
+# attention (`unified_attention_with_output`) and communication ops (`all_reduce`,
+# `all_gather`, ...) are host code that issues kernels, as vllm-ascend's ACL graphs capture
+# them on the device.
+PYTHON_DEVICE_NAMESPACES = frozenset({"vllm"})
+# Operators of those namespaces that stand in for one device kernel each (a Triton kernel the
+# stand-in registers where vllm-ascend would: `operators/vllm_ascend_triton.py`): recorded as
+# one launch, as the other emulated operators are.
+DEVICE_KERNELS: set[str] = set()
+
+
+def _host_code(func) -> torch._C.DispatchKey | None:
+    """The dispatch key of a custom operator's host-code kernel (None for a device kernel):
+    CompositeExplicitAutograd where it has no device kernel, or the device key in
+    `PYTHON_DEVICE_NAMESPACES`."""
     name = func.name()
-    return func.namespace not in ("aten", "prim", "prims") and (
+    if func.namespace in PYTHON_DEVICE_NAMESPACES and name not in DEVICE_KERNELS:
+        if torch._C._dispatch_has_kernel_for_dispatch_key(name, "PrivateUse1"):
+            return torch._C.DispatchKey.PrivateUse1
+        return None
+    composite = func.namespace not in ("aten", "prim", "prims") and (
         torch._C._dispatch_has_kernel_for_dispatch_key(name, "CompositeExplicitAutograd")
         and not torch._C._dispatch_has_kernel_for_dispatch_key(name, "PrivateUse1")
     )
+    return torch._C.DispatchKey.CompositeExplicitAutograd if composite else None
 
 
 class WaitNode:
@@ -115,6 +138,21 @@ class ResetNode:
 
     def replay(self) -> None:
         self.event.recorded = False
+
+
+class CollectiveNode:
+    """A collective of the `hccl` stand-in issued during a capture (`collectives`): an HCCL
+    operator in the ACL graph. Each replay runs it again on the captured buffers and waits for
+    it; every rank replays its graph's collectives in capture order, so they pair up as the
+    captured ones did."""
+
+    __slots__ = ("name", "method", "args", "kwargs")
+
+    def __init__(self, name: str, method: Any, args: tuple, kwargs: dict) -> None:
+        self.name, self.method, self.args, self.kwargs = name, method, args, kwargs
+
+    def replay(self) -> None:
+        self.method(*self.args, **self.kwargs).wait()
 
 
 class _Entry:
@@ -149,9 +187,18 @@ class _Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         op = func._schema.name
-        if _host_code(func):  # record the device operators it issues, not the host code
+        key = _host_code(func)
+        if key is not None:  # record the device operators it issues, not the host code
             with self:
-                return func._op_dk(torch._C.DispatchKey.CompositeExplicitAutograd, *args, **kwargs)
+                return func._op_dk(key, *args, **kwargs)
+        if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
+            # A composite reaches the recorder whole where the keys above it are off (inference
+            # mode, host code entered above): reshape is annotated as a view but copies a
+            # non-contiguous input. Record what it issues.
+            with self:
+                result = func.decompose(*args, **kwargs)
+            if result is not NotImplemented:
+                return result
         inputs = [t for t in _tensors((args, kwargs)) if _is_npu(t)]
         if inputs and op in _HOST_READS:
             raise RuntimeError(
@@ -177,7 +224,7 @@ class NPUGraph:
     """`torch.npu.NPUGraph` (torch_npu/npu/graphs.py:591): capture, replay, reset, pool."""
 
     def __init__(self) -> None:
-        self._entries: list[_Entry | WaitNode | ResetNode] = []
+        self._entries: list[_Entry | WaitNode | ResetNode | CollectiveNode] = []
         self._recorder: _Recorder | None = None
         self._pool: Any = None
         self._captured = False
@@ -276,11 +323,18 @@ class NPUGraph:
         """The recorded operators, in replay order (for tests and counts)."""
         return [str(entry.func) for entry in self._entries if isinstance(entry, _Entry)]
 
-    def record_node(self, node: WaitNode | ResetNode) -> None:
-        """A wait or reset node, captured where the capture stands (`graph_tasks`); a task of
-        the graph that `operators` leaves out, counted in `stats["event_nodes"]`."""
+    def record_node(self, node: WaitNode | ResetNode | CollectiveNode) -> None:
+        """A wait or reset node (`graph_tasks`) or a collective (`collectives`), captured
+        where the capture stands; tasks of the graph that `operators` leaves out, counted in
+        `stats["event_nodes"]` and `stats["collective_nodes"]`."""
         self._entries.append(node)
-        stats["event_nodes"] += 1
+        stats["collective_nodes" if isinstance(node, CollectiveNode) else "event_nodes"] += 1
+
+    @property
+    def collectives(self) -> list[str]:
+        """The recorded collectives, in replay order (`hccl.<ProcessGroup method>`)."""
+        return [f"hccl.{entry.name}" for entry in self._entries
+                if isinstance(entry, CollectiveNode)]  # fmt: skip
 
     def tasks(self, start: int, end: int) -> list[_Entry]:
         """The kernel launches recorded between two positions (a task group)."""

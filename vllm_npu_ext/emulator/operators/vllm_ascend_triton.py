@@ -36,6 +36,7 @@ import importlib.util
 
 import torch
 
+from ..device import graphs
 from ..runtime.registry import calls
 
 OP = "qkv_rmsnorm_rope"
@@ -126,6 +127,7 @@ def register() -> None:
 
     direct_register_custom_op(op_name=OP, op_func=qkv_rmsnorm_rope, fake_impl=_fake,
                               mutates_args=[], dispatch_key="PrivateUse1")  # fmt: skip
+    graphs.DEVICE_KERNELS.add(f"vllm::{OP}")  # one Triton launch in a captured graph
 
 
 def install() -> None:
