@@ -51,6 +51,17 @@ def _log_emulated(logger) -> None:
     )  # fmt: skip
     for change in torch_fit.changes:
         logger.info("vllm-npu-ext: for vllm-ascend's graph mode on this torch: %s", change)
+    from vllm_npu_ext import envs
+
+    if envs.EMULATE_OPS():
+        from vllm_npu_ext.emulator.operators import npu_ext_cann
+
+        npu_ext_cann.install_on_npu()
+        logger.info(
+            "vllm-npu-ext: the stand-in stands in for our built operator package "
+            "(NpuExtAttentionUpdate's host-built kernel on the npu device; "
+            "VLLM_NPU_EXT_EMULATE_OPS=0: as unbuilt)"
+        )
 
 
 def model_registrations() -> dict[str, str]:

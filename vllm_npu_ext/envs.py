@@ -110,6 +110,13 @@ EMULATE = Flag(
     "the host, hccl as gloo) before the platform resolves, so the NPU path, and vllm-ascend's "
     "own code where installed, run on the CPU (a functional check; nothing is measured)",
 )  # fmt: skip
+EMULATE_OPS = Flag(
+    "VLLM_NPU_EXT_EMULATE_OPS", "1",
+    "with VLLM_NPU_EXT_EMULATE=1: 1: the stand-in also stands in for our built operator "
+    "package (`vllm-npu-ext build-ops`): NpuExtAttentionUpdate's AscendC kernel, built for "
+    "the host, on the npu device; 0: as where the package is not built (the CP merge takes "
+    "torch_npu's TensorList kernel)",
+)  # fmt: skip
 KV_CACHE_FREE = Flag(
     "VLLM_NPU_EXT_KV_CACHE_FREE", "1",
     "1: pooling runs allocate and write no KV cache (prefix caching and chunked prefill are "

@@ -60,6 +60,27 @@ def install() -> None:
     _libraries["kernel"] = library
 
 
+def _on_npu(lse: torch.Tensor, go: torch.Tensor, update_type: int):
+    """The host kernel on host copies of npu inputs, its results copied back to their device:
+    one launch of the operator (a captured graph records it as one task)."""
+    out, lse_out = emulated_kernel(lse.cpu(), go.cpu(), update_type)
+    return out.to(lse.device), lse_out.to(lse.device)
+
+
+def install_on_npu() -> bool:
+    """The built operator package on the stand-in's npu device: install() and a PrivateUse1
+    kernel (the key `binding.custom_kernel_available` asks for, as the compiled extension
+    registers it on Ascend). False where a PrivateUse1 kernel was there already."""
+    install()
+    if "npu" in _libraries or torch._C._dispatch_has_kernel_for_dispatch_key(QUALNAME,
+                                                                             "PrivateUse1"):
+        return False
+    library = torch.library.Library(binding.LIBRARY_NAMESPACE, "FRAGMENT")
+    library.impl(OP_NAME, _on_npu, "PrivateUse1")
+    _libraries["npu"] = library
+    return True
+
+
 def uninstall() -> None:
     """Remove the CPU kernel registered by install() (the schema stays)."""
     library = _libraries.pop("kernel", None)
