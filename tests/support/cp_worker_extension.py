@@ -16,7 +16,8 @@ import sys
 
 ATTENTION_CP = "vllm_ascend.attention.context_parallel.attention_cp"
 counts: collections.Counter[str] = collections.Counter()
-_state = {"in_decode": False, "replays_at_reset": 0}
+_state = {"in_decode": False, "replays_at_reset": 0, "updates_at_reset": 0}
+CAPTURED_OURS = "npu_ext_cann.npu_ext_attention_update.default"
 
 
 def _counting(name, function, observe=None):
@@ -117,6 +118,13 @@ class CPProbe:
             **counts, "graph replays": graphs.stats["replays"] - _state["replays_at_reset"],
             "PCP placeholder ids set to 0": vllm_ascend_pcp_input_ids.stats["placeholder_ids"],
             "our CANN operator": npu_ext_cann.calls[npu_ext_cann.OP_NAME],
+            # Updates of captured FIA tasks (one per layer per full-graph replay, `graph_tasks`)
+            # and the merge operators the graphs captured since start (one task per layer
+            # per captured batch size).
+            "FIA task updates": graphs.stats["task_updates"] - _state["updates_at_reset"],
+            "captured: our operator": graphs.captured_operators[CAPTURED_OURS],
+            "captured: TensorList npu_attention_update": graphs.captured_operators[
+                "npu.npu_attention_update.default"],
             "attention_cp imported": module is not None,
             "merge patched": module is not None
             and module._npu_attention_update is vllm_ascend_cp.npu_attention_update,
@@ -129,6 +137,7 @@ class CPProbe:
         counts.clear()
         npu_ext_cann.calls.clear()
         _state["replays_at_reset"] = graphs.stats["replays"]
+        _state["updates_at_reset"] = graphs.stats["task_updates"]
 
     def cp_set_patch(self, on: bool) -> bool:
         """Our merge (on) or vllm-ascend's own pair (off) in this worker's attention_cp."""
@@ -142,26 +151,8 @@ class CPProbe:
 
 
 def _install_our_cann_operator() -> None:
-    """Our CANN operator on the stand-in's npu device: the host kernel's CPU registration
-    (`npu_ext_cann.install`), and for PrivateUse1 (the npu device's key, which
-    `binding.custom_kernel_available` asks for) the same kernel on host copies of the inputs,
-    its results copied back to the inputs' device."""
-    import torch
-
-    from vllm_npu_ext.cann_ops import binding
+    """Our CANN operator on the stand-in's npu device (`npu_ext_cann.install_on_npu`), as
+    VLLM_NPU_EXT_EMULATE_OPS=1 (the default) installs it in every vLLM process at start."""
     from vllm_npu_ext.emulator.operators import npu_ext_cann
 
-    npu_ext_cann.install()
-    if torch._C._dispatch_has_kernel_for_dispatch_key(binding.QUALIFIED_NAME, "PrivateUse1"):
-        return
-
-    def on_device(lse, go, update_type):
-        out, lse_out = npu_ext_cann.emulated_kernel(lse.cpu(), go.cpu(), update_type)
-        return out.to(lse.device), lse_out.to(lse.device)
-
-    library = torch.library.Library(binding.LIBRARY_NAMESPACE, "FRAGMENT")
-    library.impl(binding.OP_NAME, on_device, "PrivateUse1")
-    _libraries.append(library)
-
-
-_libraries: list = []
+    npu_ext_cann.install_on_npu()

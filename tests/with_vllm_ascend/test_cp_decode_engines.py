@@ -8,23 +8,25 @@ Started together, at most two at a time (a TP 2 server is four processes):
 - servers (`vllm-npu-ext serve --runner generate`, eager): TP 2 with DCP 2, and TP 2 without
   CP, both with our worker extension (`support/cp_worker_extension.py`) and vLLM's dev-mode
   `/collective_rpc` to read each worker's probes and to switch the merge;
-- engines (`support/cp_generation_worker.py`): DCP 2 (TP 2) in piecewise graph mode, PCP 2
-  (TP 1) eager and piecewise, TP 1 with our plugin and TP 1 stock (our plugin left out of
-  VLLM_PLUGINS), the latter two in-process.
+- engines (`support/cp_generation_worker.py`): DCP 2 (TP 2) and PCP 2 (TP 1) at vLLM's
+  defaults (graph mode FULL_AND_PIECEWISE: decode in vllm-ascend's full decode graphs, async
+  scheduling), each with our merge and, in an engine of its own, vllm-ascend's (a full graph
+  keeps the merge it captured); PCP 2 eager; TP 1 with our plugin and TP 1 stock (our plugin
+  left out of VLLM_PLUGINS), the latter two in-process.
 
-Each CP run generates with our merge, then in the same engine with vllm-ascend's own pair
-(the patch undone in every worker). CP engines are compared with their non-CP baseline
+The eager CP runs generate with our merge, then in the same engine with vllm-ascend's own
+pair (the patch undone in every worker). CP runs are compared with their non-CP baseline
 within the bf16 bound derived in `support/cp_decode.py`. `enable_cp()` is cached per process
 (`attention/utils.py:123-126`): every configuration is a process of its own.
 
 Run settings and why: `cp_kv_cache_interleave_size` 1 and prompts longer than pcp x dcp
-tokens (no rank with an empty shard: FIA with no key is undefined), whole prompts in one
-step and no prefix caching (vllm-ascend's chunked-context path calls ATB's paged cache load,
-not emulated), graph mode PIECEWISE (vLLM's default for generation, FULL_AND_PIECEWISE,
-captures decode in full graphs: FULL_DECODE_ONLY's APIs). PCP runs at vLLM's default async
-scheduling: vllm-ascend's DualChunkSwap padding reads a reused input-batch row's stale -1
-placeholders as token ids (`worker/model_runner_v1.py:2737-2755`), which our
-`vllm_ascend_pcp_input_ids` patch sets to 0 (without it: IndexError on the host at TP 1).
+tokens, whole prompts in one step and no prefix caching (with chunked context a rank can hold
+no key of a request's context, and vllm-ascend gives FIA that request's query chunk anyway:
+docs/cp-decode.md). PCP runs at vLLM's default async scheduling: vllm-ascend's DualChunkSwap
+padding reads a reused input-batch row's stale -1 placeholders as token ids
+(`worker/model_runner_v1.py:2737-2755`), which our `vllm_ascend_pcp_input_ids` patch sets to
+0 (without it: IndexError on the host at TP 1). Our CANN operator is the stand-in's build of
+it (VLLM_NPU_EXT_EMULATE_OPS=1, the default under VLLM_NPU_EXT_EMULATE=1).
 """
 
 from __future__ import annotations
@@ -51,19 +53,28 @@ from support.server import Server
 from support.vllm_ascend_env import server_env
 
 MERGES = ("ours", "vllm-ascend")
-PIECEWISE = {"enforce_eager": False, "compilation_config": {"cudagraph_mode": "PIECEWISE"}}
-# name -> (engine args, baseline run, extra worker flags, extra environment)
+DEFAULTS = {"enforce_eager": False}  # vLLM's graph mode (FULL_AND_PIECEWISE for generation)
+THEIRS = {"VLLM_NPU_EXT_CP_PATCH": "0"}  # vllm-ascend's own merge from the start
+# name -> (engine args, baseline run, extra worker flags, extra environment, merges run).
+# A full graph holds the merge captured at start, so at vLLM's defaults vllm-ascend's merge
+# runs in an engine of its own (its results join the first's as that run's "vllm-ascend").
 ENGINES = {
-    "tp1": ({}, None, (), {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}),
-    "tp1 stock": ({}, None, ("--stock",), {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}),
-    "pcp2 eager": ({"prefill_context_parallel_size": 2}, "tp1", (), {}),
-    "pcp2 piecewise": ({"prefill_context_parallel_size": 2, **PIECEWISE}, "tp1", (), {}),
-    "dcp2 piecewise": ({"tensor_parallel_size": 2, "decode_context_parallel_size": 2,
-                        **PIECEWISE}, "tp2", (), {}),
+    "tp1": ({}, None, (), {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}, ()),
+    "tp1 stock": ({}, None, ("--stock",), {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}, ()),
+    "pcp2 eager": ({"prefill_context_parallel_size": 2}, "tp1", (), {}, MERGES),
+    "pcp2 default": ({"prefill_context_parallel_size": 2, **DEFAULTS}, "tp1", (), {}, ("ours",)),
+    "pcp2 default, theirs": ({"prefill_context_parallel_size": 2, **DEFAULTS}, None, (), THEIRS,
+                             ("vllm-ascend",)),
+    "dcp2 default": ({"tensor_parallel_size": 2, "decode_context_parallel_size": 2,
+                      **DEFAULTS}, "tp2", (), {}, ("ours",)),
+    "dcp2 default, theirs": ({"tensor_parallel_size": 2, "decode_context_parallel_size": 2,
+                              **DEFAULTS}, None, (), THEIRS, ("vllm-ascend",)),
 }  # fmt: skip
 # Distinct port ranges for processes that run at once (`support.cp_decode.start_engine`).
 PORT_BASE, PORT_STRIDE = 21000, 100
 CP_RUNS = {"dcp2 eager (server)": "tp2", **{n: e[1] for n, e in ENGINES.items() if e[1]}}
+EAGER_RUNS = [name for name in CP_RUNS if "eager" in name]
+DEFAULT_RUNS = [name for name in CP_RUNS if name.endswith("default")]
 BAD_COMPLETIONS = {
     "longer than max-model-len": {"prompt": [[5] * 1100], "max_tokens": 4},
     "negative max_tokens": {"prompt": "context", "max_tokens": -1},
@@ -86,14 +97,19 @@ class Runs:
             servers.result()
             for future in engines:
                 future.result()
+        for name in DEFAULT_RUNS:  # vllm-ascend's merge, from its own engine
+            theirs = self.results.pop(f"{name}, theirs")
+            self.results[name]["runs"]["vllm-ascend"] = theirs["runs"]["vllm-ascend"]
+            self.results[name]["theirs"] = theirs
 
     def _engine(self, name):
-        engine_args, _, flags, env = ENGINES[name]
+        engine_args, _, flags, env, merges = ENGINES[name]
         env = {**env, "VLLM_PORT": str(PORT_BASE + PORT_STRIDE * (2 + list(ENGINES).index(name)))}
         began = time.monotonic()
-        process, out, log = start_engine(name.replace(" ", "_"), self.model_dir, self.root,
-                                         self.token_ids, engine_args, *flags,
-                                         "--merges", ",".join(MERGES), **env)  # fmt: skip
+        merges = ("--merges", ",".join(merges)) if merges else ()
+        process, out, log = start_engine(name.replace(" ", "_").replace(",", ""),
+                                         self.model_dir, self.root, self.token_ids, engine_args,
+                                         *flags, *merges, **env)  # fmt: skip
         code = process.wait(timeout=1200)
         assert code == 0, log.read_text(errors="replace")[-6000:]
         self.results[name] = json.loads(out.read_text())
@@ -197,7 +213,7 @@ def test_our_merge_and_vllm_ascends_generate_alike_in_one_engine(runs, name):
     assert not result.over_bound, result
 
 
-@pytest.mark.parametrize("name", CP_RUNS)
+@pytest.mark.parametrize("name", EAGER_RUNS)
 def test_every_decode_step_ran_paged_fia_and_our_merge_in_every_worker(runs, name):
     """Read from each worker's probes: per layer per decode step one paged FIA call and one
     call of our operator; vllm-ascend's TensorList AttentionUpdate never in decode with the
@@ -216,17 +232,41 @@ def test_every_decode_step_ran_paged_fia_and_our_merge_in_every_worker(runs, nam
             assert worker.get("npu_attention_update in CP decode", 0) == steps - ours, worker
 
 
-@pytest.mark.parametrize("name", [n for n in CP_RUNS if "piecewise" in n])
-def test_piecewise_engines_replay_vllm_ascends_acl_graphs(runs, name):
-    """vllm-ascend's piecewise ACL graphs, captured and replayed on the stand-in's NPUGraph,
-    with CP attention between the replays."""
-    assert runs[name]["cudagraph_mode"] == "PIECEWISE"
+@pytest.mark.parametrize("name", DEFAULT_RUNS)
+def test_engines_at_vllms_defaults_decode_in_full_graphs_with_the_merge_inside(runs, name):
+    """At vLLM's defaults (no enforce_eager, no compilation override, async scheduling) decode
+    runs in vllm-ascend's full decode graphs (FULL_AND_PIECEWISE): paged FIA captured in a
+    task group with the merge after it, FIA's key counts updated before each replay
+    (`attention_cp.py:321-426, 626-677`), the CP collectives replayed inside. Read from each
+    worker: full-graph replays with FIA task updates; with our patch, our operator captured
+    in the decode graphs and run in every decode step, torch_npu's TensorList AttentionUpdate
+    never captured; vllm-ascend's merge (patch off from the start) the other way round."""
+    layers = 2
+    run = runs[name]
+    assert run["cudagraph_mode"] == "FULL_AND_PIECEWISE" and run["async_scheduling"] is True
+    assert run["theirs"]["cudagraph_mode"] == "FULL_AND_PIECEWISE"
     for merge in MERGES:
         for worker in run_of(runs, name, merge)["workers"]:
-            assert worker["graph replays"] > worker["CP decode layer-steps"], worker
+            assert worker["merge patched"] is (merge == "ours"), worker
+            assert worker["FIA task updates"] >= layers, worker  # full decode graphs replayed
+            assert worker["FIA task updates"] % layers == 0, worker
+            assert worker["negative slots"] > 0, worker
+            captured_ours = worker["captured: our operator"]
+            captured_list = worker["captured: TensorList npu_attention_update"]
+            print(f"{name}, {merge} merge, a worker: {worker['graph replays']} graph replays, "
+                  f"{worker['FIA task updates']} FIA task updates, captured: ours "
+                  f"{captured_ours}, TensorList {captured_list}; our operator run "
+                  f"{worker['our CANN operator']} times")  # fmt: skip
+            if merge == "ours":
+                assert captured_ours >= layers and captured_list == 0, worker
+                # every decode step: replayed in a full graph or run between piecewise ones
+                assert worker["our CANN operator"] >= layers * (MAX_TOKENS - 1), worker
+            else:
+                assert captured_list >= layers and captured_ours == 0, worker
+                assert worker["our CANN operator"] == 0, worker
 
 
-@pytest.mark.parametrize("name", [n for n in CP_RUNS if n.startswith("pcp2")])
+@pytest.mark.parametrize("name", [n for n in EAGER_RUNS if n.startswith("pcp2")])
 def test_pcp_engines_run_at_vllms_default_async_scheduling(runs, name):
     """Async scheduling on (vLLM's default, not overridden here), and the second generate, in
     input-batch rows the first one's requests left, gave vllm-ascend's PCP padding -1
