@@ -246,6 +246,27 @@ def test_contract_violation_raises_clear_error(thunk, error, match):
         thunk()
 
 
+def test_fia_without_a_mask_lets_a_sequence_without_keys_through_as_nan():
+    """vllm-ascend's CP chunked context (`attention_cp.py:690-720`, sparse_mode 0) gives FIA
+    every prefill request, those without context on this rank with 0 keys, and drops their
+    rows afterwards: FIA takes key lengths that are only non-negative (torch-npu
+    2.10.0.post4 `_op_plugin_docs.py`), what it writes there is undocumented, so the stand-in
+    writes NaN in those rows and computes the others as usual. Causal, it still raises."""
+    query, key, value = rand(7, 4, 128), rand(7, 2, 128), rand(7, 2, 128)
+    common = dict(num_heads=4, num_key_value_heads=2, scale=0.25, input_layout="TND",
+                  sparse_mode=0)  # fmt: skip
+    out, lse = emulator.npu_fused_infer_attention_score(
+        query, key[:4], value[:4], actual_seq_lengths=[3, 7], actual_seq_lengths_kv=[0, 4],
+        softmax_lse_flag=True, **common)  # fmt: skip
+    alone, alone_lse = emulator.npu_fused_infer_attention_score(
+        query[3:], key[:4], value[:4], actual_seq_lengths=[4], actual_seq_lengths_kv=[4],
+        softmax_lse_flag=True, **common)  # fmt: skip
+    assert out[:3].isnan().all() and lse[:3].isnan().all()
+    assert torch.equal(out[3:], alone) and torch.equal(lse[3:], alone_lse)
+    with pytest.raises(ValueError, match="see no key"):
+        fia(actual_seq_lengths_kv=[0, 4], key=key[:4], value=value[:4])()
+
+
 @pytest.mark.parametrize(("call", "match"), [
     (lambda: emulator.npu_rms_norm(rand(3, 8), rand(8), eps=1e-6),
      "unexpected keyword argument 'eps'"),

@@ -175,7 +175,7 @@ def _checked(call: BoundCall) -> tuple[Packed, bool]:
         FIA, call, FIA_SPARSE_MODES, (torch.bool, torch.int8, torch.uint8),
         ((MASK_SIDE, MASK_SIDE), (1, MASK_SIDE, MASK_SIDE), (1, 1, MASK_SIDE, MASK_SIDE)),
     )
-    require_visible_keys(FIA, packed, causal)
+    require_visible_keys(FIA, packed, causal, without_keys=True)
     return packed, causal
 
 

@@ -118,13 +118,17 @@ def unpack_rows(layout: str, rows: torch.Tensor, packed: Packed) -> torch.Tensor
     return rows.reshape(packed.batch, packed.seq_len, -1).transpose(1, 2).contiguous()
 
 
-def require_visible_keys(op: str, packed: Packed, causal: bool, decode_without_keys=False) -> None:
+def require_visible_keys(op: str, packed: Packed, causal: bool, without_keys=False) -> None:
     """ValueError when a query row would see no key: the kernel's output is undefined there.
 
-    decode_without_keys: let a one-token query with no key at all through (paged decode only,
-    `attention_paged`); `varlen_attention` then writes NaN for it."""
+    without_keys: let a sequence with no key at all through (FIA: its key lengths need only be
+    non-negative, torch-npu 2.10.0.post4 `_op_plugin_docs.py`, npu_fused_infer_attention_score
+    `actual_seq_lengths_kv`); `varlen_attention` then writes NaN for its rows, what FIA writes
+    there being undocumented. Causal masking over several query tokens still raises where
+    rows see no key (sparse_mode 3 wants each sequence's query length within its key length,
+    ibid.; sparse_mode is ignored for one query token)."""
     for index, (q_len, kv_len) in enumerate(zip(packed.query_lens, packed.key_lens, strict=True)):
-        if decode_without_keys and q_len == 1 and kv_len == 0:
+        if without_keys and kv_len == 0 and (not causal or q_len <= 1):
             continue
         if q_len and (kv_len == 0 or (causal and kv_len < q_len)):
             raise ValueError(
@@ -148,7 +152,7 @@ def varlen_attention(packed: Packed, scale: float, causal: bool) -> AttentionRes
         if q_len == 0:
             kv_start += kv_len
             continue
-        if kv_len == 0:  # let through by require_visible_keys for paged decode only: undefined
+        if kv_len == 0:  # let through by require_visible_keys (FIA only): undefined
             nan = packed.query.new_full((q_len, num_heads), float("nan"), dtype=torch.float32)
             outs.append(nan.unsqueeze(-1).expand(-1, -1, packed.value.shape[-1]))
             maxes.append(nan)

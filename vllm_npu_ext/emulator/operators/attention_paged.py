@@ -113,7 +113,7 @@ def checked_paged(call: BoundCall) -> tuple[Packed, bool]:
     _require_fia_sizes(packed)
     require_real_scale(FIA, "scale", call.scale, head_dim)
     causal = _causal(FIA, call, FIA_SPARSE_MODES, MASK_DTYPES, MASK_SHAPES)
-    require_visible_keys(FIA, packed, causal, decode_without_keys=True)
+    require_visible_keys(FIA, packed, causal, without_keys=True)
     return packed, causal
 
 
