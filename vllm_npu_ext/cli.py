@@ -20,6 +20,8 @@ MIDDLEWARES = (
     "vllm_npu_ext.entrypoints.tei.TeiRoutes",
     "vllm_npu_ext.entrypoints.middleware.ShutdownGuard",
 )
+# vLLM's context-parallel sizes (EngineArgs.add_cli_args, vLLM 0.23): any above 1 means decoding.
+CP_FLAGS = ("--decode-context-parallel-size", "-dcp", "--prefill-context-parallel-size", "-pcp")
 # Options of ours that `serve` takes out before calling vLLM (name -> takes a value).
 RERANKER_FLAG = "--reranker"
 INSTRUCTION_FLAG = "--reranker-instruction"
@@ -138,7 +140,13 @@ def _our_options(args: list[str]) -> tuple[bool, str | None, list[str]]:
 def _embedding_defaults(rest: list[str]) -> dict[str, list[str]]:
     """Embeddings unless the user chose another runner: with `--runner generate` and our
     `--convert embed`, vLLM 0.23 would adapt the model into an embedding model and refuse the
-    runner ("This model does not support `--runner generate`", config/model.py:591-595)."""
+    runner ("This model does not support `--runner generate`", config/model.py:591-595).
+    Context parallelism (`-dcp`, `-pcp`) is for decoding: with it and no `--runner`, the
+    server generates."""
+    if not _has_flag(rest, "--runner") and any(_flag_value(rest, flag, "1") != "1"
+                                               for flag in CP_FLAGS):  # fmt: skip
+        print("vllm-npu-ext serve: context parallelism given: --runner generate", flush=True)
+        return {"--runner": ["generate"]}
     defaults = {"--runner": ["pooling"]}
     if _flag_value(rest, "--runner", "pooling") == "pooling":
         defaults["--convert"] = ["embed"]

@@ -58,6 +58,19 @@ def test_serve_keeps_user_choices(tmp_path):
     assert "--gpu-memory-utilization" not in command
 
 
+@pytest.mark.parametrize("cp", [["-tp", "2", "-dcp", "2"], ["--decode-context-parallel-size=2"],
+                                ["-pcp", "2"], ["--prefill-context-parallel-size", "2"]])
+def test_serve_with_context_parallelism_generates(tmp_path, cp):
+    """CP is for decoding: `serve CKPT -tp 2 -dcp 2` serves generation, with nothing else."""
+    command = cli.serve_command([str(tmp_path), *cp])
+    assert _value(command, "--runner") == "generate" and command.count("--runner") == 1
+    assert "--convert" not in command and "--hf-overrides" not in command
+    for size_one in (["-dcp", "1"], ["--prefill-context-parallel-size=1"]):
+        assert _value(cli.serve_command([str(tmp_path), *size_one]), "--runner") == "pooling"
+    chosen = cli.serve_command([str(tmp_path), *cp, "--runner", "pooling"])
+    assert _value(chosen, "--runner") == "pooling"  # the user's choice wins
+
+
 def test_serve_without_model_uses_the_built_in_tiny_model(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     command = cli.serve_command([])
