@@ -117,6 +117,13 @@ EMULATE_OPS = Flag(
     "the host, on the npu device; 0: as where the package is not built (the CP merge takes "
     "torch_npu's TensorList kernel)",
 )  # fmt: skip
+EMULATE_DEVICE_MIB = Variable(
+    "VLLM_NPU_EXT_EMULATE_DEVICE_MIB", "",
+    "with VLLM_NPU_EXT_EMULATE=1: each emulated NPU's memory in MiB (what mem_get_info and "
+    "get_device_properties report; empty: the host's MemTotal). The ranks of one host share "
+    "its RAM: a multi-rank server at vLLM's default --gpu-memory-utilization needs it below "
+    "MemTotal / ranks",
+)  # fmt: skip
 KV_CACHE_FREE = Flag(
     "VLLM_NPU_EXT_KV_CACHE_FREE", "1",
     "1: pooling runs allocate and write no KV cache (prefix caching and chunked prefill are "
@@ -209,7 +216,8 @@ SELFCHECK_EMULATE = Flag(
 VARIABLES: dict[str, Variable] = {
     variable.name: variable
     for variable in (
-        MODEL_OVERRIDE, GENERATION, EMULATE, KV_CACHE_FREE, FULL_GRAPH, COMPILE,
+        MODEL_OVERRIDE, GENERATION, EMULATE, EMULATE_OPS, EMULATE_DEVICE_MIB, KV_CACHE_FREE,
+        FULL_GRAPH, COMPILE,
         CPU_FLOAT32_MATMUL, FUSED, *FUSE.values(), ATTENTION_OP, ATTENTION_UPDATE_KERNEL,
         ATTENTION_UPDATE_CONTIGUOUS, CP_PATCH, COS_SIN_PATCH, PCP_INPUT_IDS_PATCH,
         ACCEPT_PATCH_SOURCES, BOOTSTRAP,

@@ -48,6 +48,21 @@ def test_npu_tensors_are_host_memory_counted_by_the_allocator():
     assert torch.npu.max_memory_allocated() == torch.npu.memory_allocated()
 
 
+def test_the_device_memory_can_be_set_below_the_hosts(monkeypatch):
+    """VLLM_NPU_EXT_EMULATE_DEVICE_MIB: what a multi-rank server sizes its KV cache from."""
+    monkeypatch.setenv("VLLM_NPU_EXT_EMULATE_DEVICE_MIB", "1024")
+    x = torch.empty(1000, dtype=torch.float32, device="npu")
+    free, total = torch.npu.mem_get_info()
+    assert total == 1 << 30 == torch.npu.get_device_properties(0).total_memory
+    assert total - free == host_npu.memory_figures().allocated_bytes
+    del x
+    monkeypatch.setenv("VLLM_NPU_EXT_EMULATE_DEVICE_MIB", "1 GiB")
+    with pytest.raises(ValueError, match="VLLM_NPU_EXT_EMULATE_DEVICE_MIB"):
+        torch.npu.mem_get_info()
+    monkeypatch.delenv("VLLM_NPU_EXT_EMULATE_DEVICE_MIB")
+    assert torch.npu.mem_get_info()[1] > 1 << 30  # the host's MemTotal
+
+
 VIEWS = {
     "transpose": lambda t: t.t(),
     "select": lambda t: t[1],

@@ -13,8 +13,8 @@ Synchronising while a graph replay waits on an unrecorded event raises (the devi
 never return).
 
 Memory figures are the device allocator's (`host_npu`'s ledger of live npu allocations and their
-peak); the device's total is the host's MemTotal, so `mem_get_info()` is (MemTotal - npu bytes in
-use, MemTotal).
+peak); the device's total is the host's MemTotal (or VLLM_NPU_EXT_EMULATE_DEVICE_MIB: the ranks
+of one host share its RAM), so `mem_get_info()` is (total - npu bytes in use, total).
 The device count is 1, or the number of ranks once torch.distributed is initialised, so a
 process group of N ranks sees N devices as on an N-NPU host.
 """
@@ -126,7 +126,7 @@ class _DeviceProperties:
 
 def get_device_properties(device: Any = None) -> _DeviceProperties:
     index = _index(device)
-    return _DeviceProperties(DEVICE_NAME, _meminfo()["MemTotal"], CUBE_CORES, VECTOR_CORES,
+    return _DeviceProperties(DEVICE_NAME, _total_bytes(), CUBE_CORES, VECTOR_CORES,
                              f"host-npu-{index}")  # fmt: skip
 
 
@@ -151,12 +151,25 @@ def _meminfo() -> dict[str, int]:
     return figures
 
 
+def _total_bytes() -> int:
+    """The device's memory: VLLM_NPU_EXT_EMULATE_DEVICE_MIB where set, else the host's MemTotal."""
+    from vllm_npu_ext import envs
+
+    mib = envs.EMULATE_DEVICE_MIB()
+    if not mib:
+        return _meminfo()["MemTotal"]
+    if not mib.isdigit() or int(mib) < 1:
+        raise ValueError(f"{envs.EMULATE_DEVICE_MIB} must be a positive number of MiB, got {mib!r}")
+    return int(mib) << 20
+
+
 def mem_get_info(device: Any = None) -> tuple[int, int]:
-    """(free, total) bytes of the device: its memory is the host's (MemTotal), of which the npu
-    allocator's live allocations are in use; host tensors do not count against it."""
+    """(free, total) bytes of the device: its memory is the host's (MemTotal, or
+    VLLM_NPU_EXT_EMULATE_DEVICE_MIB), of which the npu allocator's live allocations are in
+    use; host tensors do not count against it."""
     _index(device)
-    total = _meminfo()["MemTotal"]
-    return total - host_npu.memory_figures().allocated_bytes, total
+    total = _total_bytes()
+    return max(total - host_npu.memory_figures().allocated_bytes, 0), total
 
 
 def memory_allocated(device: Any = None) -> int:
