@@ -29,13 +29,21 @@ from support.server import DIE_WITH_PARENT
 from support.vllm_ascend_env import TESTS, subprocess_env
 
 MAX_TOKENS = 12
-PROMPT_TOKENS = (660, 410, 130)  # unequal, in the hundreds: per-request key counts differ
+# Unequal, in the thousands: per-request key counts differ. The second shares the first's
+# first `SHARED_PREFIX` tokens (a prefix-cache hit: a multiple of the block size times
+# dcp x pcp, vLLM's hash block under CP); the first is longer than three chunks of
+# `CHUNK_BUDGET`, the token budget of the engines at vLLM's defaults.
+PROMPT_TOKENS = (3100, 2400, 2000)
+SHARED_PREFIX = 2048
+CHUNK_BUDGET = 512
+MAX_MODEL_LEN = 4096
 WORKER = TESTS / "support" / "cp_generation_worker.py"
 WORKER_EXTENSION = "support.cp_worker_extension.CPProbe"
 # What vllm-ascend 0.23's CP path takes (docs/cp-decode.md), for servers and engines alike.
 SERVER_FLAGS = [
     "--runner", "generate", "--dtype", "bfloat16", "--block-size", "128",
-    "--max-model-len", "1024", "--max-num-seqs", "4", "--max-num-batched-tokens", "2048",
+    "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "4",
+    "--max-num-batched-tokens", str(MAX_MODEL_LEN),
     "--kv-cache-memory-bytes", str(64 << 20), "--no-enable-prefix-caching",
     "--no-enable-chunked-prefill", "--enforce-eager", "--worker-extension-cls", WORKER_EXTENSION,
     # The tests read the workers' probes through vLLM's dev-mode /collective_rpc; dev mode
@@ -59,12 +67,16 @@ def prompt_text(words: int, seed: int) -> str:
 
 
 def prompts(model_dir: Path) -> list[list[int]]:
-    """Token ids of `PROMPT_TOKENS` lengths, from the checkpoint's own tokenizer."""
+    """Token ids of `PROMPT_TOKENS` lengths, from the checkpoint's own tokenizer; the second
+    starts with the first's `SHARED_PREFIX` tokens."""
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-    return [tokenizer.encode(prompt_text(2 * length, seed), add_special_tokens=False)
-            .ids[:length] for seed, length in enumerate(PROMPT_TOKENS)]  # fmt: skip
+    token_ids = [tokenizer.encode(prompt_text(2 * length, seed), add_special_tokens=False)
+                 .ids[:length] for seed, length in enumerate(PROMPT_TOKENS)]  # fmt: skip
+    token_ids[1][:SHARED_PREFIX] = token_ids[0][:SHARED_PREFIX]
+    assert [len(ids) for ids in token_ids] == list(PROMPT_TOKENS)
+    return token_ids
 
 
 def start_engine(name: str, model_dir: Path, root: Path, token_ids, engine_args: dict,

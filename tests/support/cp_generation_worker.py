@@ -8,8 +8,10 @@ stand-in, with or without context parallelism; writes what the CP decode tests c
 `--prompts` is a JSON list of token-id lists. `--engine-args` go to `vllm.LLM` over the common
 ones below (`tensor_parallel_size`, `decode_context_parallel_size`,
 `prefill_context_parallel_size`, `enforce_eager`, `compilation_config`). `--stock` leaves our
-general plugin out of VLLM_PLUGINS (stock vllm-ascend). `--merges`: with CP, the prompts are
-generated once per merge, in this order, in the same engine: `ours` (the patch, our CANN
+general plugin out of VLLM_PLUGINS (stock vllm-ascend). `--rounds 2` generates the prompts a
+second time after each merge's first (results `<merge>, again`: prefix-cache hits; each run
+records its requests' cached tokens). `--merges`: with CP, the prompts are generated once per
+merge, in this order, in the same engine: `ours` (the patch, our CANN
 operator standing in for the built extension), `vllm-ascend` (the patch undone in every
 worker: vllm-ascend's own pair). Results per run: token ids and, per step, the chosen
 token's logprob and the top two; what each worker's probes counted (`cp_worker_extension`).
@@ -23,13 +25,13 @@ import os
 import sys
 import time
 
-# What vllm-ascend's CP path takes (docs/cp-decode.md): the ascend block size, every token to
-# its own rank in turn, whole prompts prefilled in one step (no chunked context, which needs
-# ATB's paged cache load), no prefix caching.
+# The baselines' and eager runs' settings (the engines at vLLM's defaults override them):
+# the ascend block size, every token to its own rank in turn, whole prompts prefilled in one
+# step, no prefix caching, eager.
 COMMON_ENGINE_ARGS = dict(
     runner="generate", dtype="bfloat16", block_size=128, cp_kv_cache_interleave_size=1,
-    enable_prefix_caching=False, enable_chunked_prefill=False, max_model_len=1024,
-    max_num_batched_tokens=2048, max_num_seqs=4, kv_cache_memory_bytes=64 << 20, seed=0,
+    enable_prefix_caching=False, enable_chunked_prefill=False, max_model_len=4096,
+    max_num_batched_tokens=4096, max_num_seqs=4, kv_cache_memory_bytes=64 << 20, seed=0,
     enforce_eager=True, worker_extension_cls="support.cp_worker_extension.CPProbe",
 )  # fmt: skip
 OUR_PLUGIN = "vllm_npu_ext"
@@ -54,6 +56,7 @@ def main() -> None:
     parser.add_argument("--engine-args", default="{}")
     parser.add_argument("--stock", action="store_true")
     parser.add_argument("--merges", default="ours")
+    parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
     if args.stock:
         sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
@@ -79,15 +82,17 @@ def main() -> None:
         results["installed"] = llm.collective_rpc("cp_probe_install", args=(merge == "ours",))
         if cp:
             llm.collective_rpc("cp_set_patch", args=(merge == "ours",))
-        llm.collective_rpc("cp_probe_reset")
-        began = time.monotonic()
-        outputs = llm.generate(prompts, greedy, use_tqdm=False)
-        results["runs"][merge] = {
-            "generate_s": time.monotonic() - began,
-            "tokens": [list(o.outputs[0].token_ids) for o in outputs],
-            "logprobs": [_logprobs(o.outputs[0]) for o in outputs],
-            "workers": llm.collective_rpc("cp_probe_counts"),
-        }
+        for round_ in range(args.rounds):
+            llm.collective_rpc("cp_probe_reset")
+            began = time.monotonic()
+            outputs = llm.generate(prompts, greedy, use_tqdm=False)
+            results["runs"][merge if round_ == 0 else f"{merge}, again"] = {
+                "generate_s": time.monotonic() - began,
+                "tokens": [list(o.outputs[0].token_ids) for o in outputs],
+                "logprobs": [_logprobs(o.outputs[0]) for o in outputs],
+                "cached_tokens": [o.num_cached_tokens for o in outputs],  # prefix-cache hits
+                "workers": llm.collective_rpc("cp_probe_counts"),
+            }
     with open(args.out, "w", encoding="utf-8") as file:
         json.dump(results, file)
 

@@ -110,7 +110,8 @@ class CPProbe:
 
     def cp_probe_counts(self) -> dict:
         from vllm_npu_ext.emulator.device import graphs
-        from vllm_npu_ext.emulator.operators import npu_ext_cann
+        from vllm_npu_ext.emulator.operators import atb, npu_ext_cann
+        from vllm_npu_ext.emulator.runtime import registry
         from vllm_npu_ext.patches import vllm_ascend_cp, vllm_ascend_pcp_input_ids
 
         module = sys.modules.get(ATTENTION_CP)
@@ -122,6 +123,8 @@ class CPProbe:
             # and the merge operators the graphs captured since start (one task per layer
             # per captured batch size).
             "FIA task updates": graphs.stats["task_updates"] - _state["updates_at_reset"],
+            # ATB's paged cache load: chunked context's KV (`attention_cp.py:781-800`)
+            "KV loads for chunked context": registry.calls[atb.PAGED_CACHE_LOAD],
             "captured: our operator": graphs.captured_operators[CAPTURED_OURS],
             "captured: TensorList npu_attention_update": graphs.captured_operators[
                 "npu.npu_attention_update.default"],
@@ -132,10 +135,12 @@ class CPProbe:
 
     def cp_probe_reset(self) -> None:
         from vllm_npu_ext.emulator.device import graphs
-        from vllm_npu_ext.emulator.operators import npu_ext_cann
+        from vllm_npu_ext.emulator.operators import atb, npu_ext_cann
+        from vllm_npu_ext.emulator.runtime import registry
 
         counts.clear()
         npu_ext_cann.calls.clear()
+        registry.calls[atb.PAGED_CACHE_LOAD] = 0
         _state["replays_at_reset"] = graphs.stats["replays"]
         _state["updates_at_reset"] = graphs.stats["task_updates"]
 

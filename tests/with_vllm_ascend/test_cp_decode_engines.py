@@ -2,28 +2,30 @@
 NPUPlatform under the torch_npu stand-in, generating through our merge.
 
 One tiny bf16 Qwen3 (`make_tiny_model(preset="cp")`: head_dim 128, one KV head, so that
-DCP 2 fits TP 2), three prompts of 660, 410 and 130 tokens, 12 greedy tokens with logprobs.
-Started together, at most two at a time (a TP 2 server is four processes):
+DCP 2 fits TP 2), three prompts of 3100, 2400 and 2000 tokens, the second starting with the
+first's 2048 (`support/cp_decode.py`), 12 greedy tokens with logprobs. Started together, at
+most two at a time (a TP 2 server is four processes):
 
 - servers (`vllm-npu-ext serve --runner generate`, eager): TP 2 with DCP 2, and TP 2 without
   CP, both with our worker extension (`support/cp_worker_extension.py`) and vLLM's dev-mode
   `/collective_rpc` to read each worker's probes and to switch the merge;
 - engines (`support/cp_generation_worker.py`): DCP 2 (TP 2) and PCP 2 (TP 1) at vLLM's
   defaults (graph mode FULL_AND_PIECEWISE: decode in vllm-ascend's full decode graphs, async
-  scheduling), each with our merge and, in an engine of its own, vllm-ascend's (a full graph
-  keeps the merge it captured); PCP 2 eager; TP 1 with our plugin and TP 1 stock (our plugin
-  left out of VLLM_PLUGINS), the latter two in-process.
+  scheduling, prefix caching and chunked prefill with a 512-token budget, below every
+  prompt), each generating the prompts twice (the second time from the prefix cache), with
+  our merge and, in an engine of its own, vllm-ascend's (a full graph keeps the merge it
+  captured); PCP 2 eager; TP 1 with our plugin and TP 1 stock (our plugin left out of
+  VLLM_PLUGINS), the latter two in-process.
 
-The eager CP runs generate with our merge, then in the same engine with vllm-ascend's own
-pair (the patch undone in every worker). CP runs are compared with their non-CP baseline
-within the bf16 bound derived in `support/cp_decode.py`. `enable_cp()` is cached per process
+The eager CP runs (whole prompts in one step, no prefix caching) generate with our merge,
+then in the same engine with vllm-ascend's own pair (the patch undone in every worker). CP
+runs are compared with their non-CP baseline (eager, whole prompts) within the bf16 bound
+derived in `support/cp_decode.py`. `enable_cp()` is cached per process
 (`attention/utils.py:123-126`): every configuration is a process of its own.
 
-Run settings and why: `cp_kv_cache_interleave_size` 1 and prompts longer than pcp x dcp
-tokens, whole prompts in one step and no prefix caching (with chunked context a rank can hold
-no key of a request's context, and vllm-ascend gives FIA that request's query chunk anyway:
-docs/cp-decode.md). PCP runs at vLLM's default async scheduling: vllm-ascend's DualChunkSwap
-padding reads a reused input-batch row's stale -1 placeholders as token ids
+Run settings and why: `cp_kv_cache_interleave_size` 1 (vLLM's default) and prompts longer
+than pcp x dcp tokens. PCP runs at vLLM's default async scheduling: vllm-ascend's
+DualChunkSwap padding reads a reused input-batch row's stale -1 placeholders as token ids
 (`worker/model_runner_v1.py:2737-2755`), which our `vllm_ascend_pcp_input_ids` patch sets to
 0 (without it: IndexError on the host at TP 1). Our CANN operator is the stand-in's build of
 it (VLLM_NPU_EXT_EMULATE_OPS=1, the default under VLLM_NPU_EXT_EMULATE=1).
@@ -39,8 +41,12 @@ import httpx
 import pytest
 from support.cp_decode import (
     CHAT_TEMPLATE,
+    CHUNK_BUDGET,
+    MAX_MODEL_LEN,
     MAX_TOKENS,
+    PROMPT_TOKENS,
     SERVER_FLAGS,
+    SHARED_PREFIX,
     compare,
     from_chat,
     from_completion,
@@ -53,7 +59,11 @@ from support.server import Server
 from support.vllm_ascend_env import server_env
 
 MERGES = ("ours", "vllm-ascend")
-DEFAULTS = {"enforce_eager": False}  # vLLM's graph mode (FULL_AND_PIECEWISE for generation)
+# vLLM's defaults for generation over the common settings: its graph mode (FULL_AND_PIECEWISE),
+# prefix caching and chunked prefill, with a token budget below every prompt.
+DEFAULTS = {"enforce_eager": False, "enable_prefix_caching": True, "enable_chunked_prefill": True,
+            "max_num_batched_tokens": CHUNK_BUDGET}  # fmt: skip
+AGAIN = ("--rounds", "2")  # the prompts generated twice: the second time, prefix-cache hits
 THEIRS = {"VLLM_NPU_EXT_CP_PATCH": "0"}  # vllm-ascend's own merge from the start
 # name -> (engine args, baseline run, extra worker flags, extra environment, merges run).
 # A full graph holds the merge captured at start, so at vLLM's defaults vllm-ascend's merge
@@ -62,13 +72,14 @@ ENGINES = {
     "tp1": ({}, None, (), {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}, ()),
     "tp1 stock": ({}, None, ("--stock",), {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}, ()),
     "pcp2 eager": ({"prefill_context_parallel_size": 2}, "tp1", (), {}, MERGES),
-    "pcp2 default": ({"prefill_context_parallel_size": 2, **DEFAULTS}, "tp1", (), {}, ("ours",)),
-    "pcp2 default, theirs": ({"prefill_context_parallel_size": 2, **DEFAULTS}, None, (), THEIRS,
-                             ("vllm-ascend",)),
+    "pcp2 default": ({"prefill_context_parallel_size": 2, **DEFAULTS}, "tp1", AGAIN, {},
+                     ("ours",)),
+    "pcp2 default, theirs": ({"prefill_context_parallel_size": 2, **DEFAULTS}, None, AGAIN,
+                             THEIRS, ("vllm-ascend",)),
     "dcp2 default": ({"tensor_parallel_size": 2, "decode_context_parallel_size": 2,
-                      **DEFAULTS}, "tp2", (), {}, ("ours",)),
+                      **DEFAULTS}, "tp2", AGAIN, {}, ("ours",)),
     "dcp2 default, theirs": ({"tensor_parallel_size": 2, "decode_context_parallel_size": 2,
-                              **DEFAULTS}, None, (), THEIRS, ("vllm-ascend",)),
+                              **DEFAULTS}, None, AGAIN, THEIRS, ("vllm-ascend",)),
 }  # fmt: skip
 # Distinct port ranges for processes that run at once (`support.cp_decode.start_engine`).
 PORT_BASE, PORT_STRIDE = 21000, 100
@@ -76,7 +87,7 @@ CP_RUNS = {"dcp2 eager (server)": "tp2", **{n: e[1] for n, e in ENGINES.items() 
 EAGER_RUNS = [name for name in CP_RUNS if "eager" in name]
 DEFAULT_RUNS = [name for name in CP_RUNS if name.endswith("default")]
 BAD_COMPLETIONS = {
-    "longer than max-model-len": {"prompt": [[5] * 1100], "max_tokens": 4},
+    "longer than max-model-len": {"prompt": [[5] * (MAX_MODEL_LEN + 100)], "max_tokens": 4},
     "negative max_tokens": {"prompt": "context", "max_tokens": -1},
     "token id outside the vocabulary": {"prompt": [[3, 10**9]], "max_tokens": 4},
     "temperature not a number": {"prompt": "context", "temperature": "hot"},
@@ -99,7 +110,8 @@ class Runs:
                 future.result()
         for name in DEFAULT_RUNS:  # vllm-ascend's merge, from its own engine
             theirs = self.results.pop(f"{name}, theirs")
-            self.results[name]["runs"]["vllm-ascend"] = theirs["runs"]["vllm-ascend"]
+            for merge in ("vllm-ascend", "vllm-ascend, again"):
+                self.results[name]["runs"][merge] = theirs["runs"][merge]
             self.results[name]["theirs"] = theirs
 
     def _engine(self, name):
@@ -180,7 +192,8 @@ def runs(vllm_ascend_started, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("cp_decode")
     began = time.monotonic()
-    started = Runs(root, make_tiny_model(root / "model", preset="cp"))
+    model_dir = make_tiny_model(root / "model", preset="cp", max_position_embeddings=MAX_MODEL_LEN)
+    started = Runs(root, model_dir)
     print(f"CP decode runs: {time.monotonic() - began:.0f} s wall; {started.seconds}")
     return started.results
 
@@ -189,10 +202,15 @@ def run_of(runs, name, merge):
     return runs[name]["runs"][merge]
 
 
+def merges_of(name):
+    """Our merge and vllm-ascend's; at vLLM's defaults also each one's second round."""
+    return (*MERGES, *(f"{m}, again" for m in MERGES)) if name in DEFAULT_RUNS else MERGES
+
+
 @pytest.mark.parametrize("name", CP_RUNS)
 def test_cp_generation_equals_the_non_cp_baseline_where_the_margin_is_clear(runs, name):
     baseline = run_of(runs, CP_RUNS[name], "none")
-    for merge in MERGES:
+    for merge in merges_of(name):
         run = run_of(runs, name, merge)
         largest = largest_logit(run["workers"], baseline["workers"])
         result = compare(run, baseline, largest)
@@ -206,11 +224,13 @@ def test_cp_generation_equals_the_non_cp_baseline_where_the_margin_is_clear(runs
 
 @pytest.mark.parametrize("name", CP_RUNS)
 def test_our_merge_and_vllm_ascends_generate_alike_in_one_engine(runs, name):
-    ours, theirs = run_of(runs, name, "ours"), run_of(runs, name, "vllm-ascend")
-    assert ours["tokens"] == theirs["tokens"]
-    result = compare(ours, theirs, largest_logit(ours["workers"], theirs["workers"]))
-    print(f"{name}: ours vs vllm-ascend's merge: worst |d logprob| {result.worst_logprob}")
-    assert not result.over_bound, result
+    for again in ("", ", again") if name in DEFAULT_RUNS else ("",):
+        ours, theirs = run_of(runs, name, "ours" + again), run_of(runs, name, "vllm-ascend" + again)
+        assert ours["tokens"] == theirs["tokens"]
+        result = compare(ours, theirs, largest_logit(ours["workers"], theirs["workers"]))
+        print(f"{name}{again}: ours vs vllm-ascend's merge: worst |d logprob| "
+              f"{result.worst_logprob}")  # fmt: skip
+        assert not result.over_bound, result
 
 
 @pytest.mark.parametrize("name", EAGER_RUNS)
@@ -245,9 +265,10 @@ def test_engines_at_vllms_defaults_decode_in_full_graphs_with_the_merge_inside(r
     run = runs[name]
     assert run["cudagraph_mode"] == "FULL_AND_PIECEWISE" and run["async_scheduling"] is True
     assert run["theirs"]["cudagraph_mode"] == "FULL_AND_PIECEWISE"
-    for merge in MERGES:
+    for merge in merges_of(name):
+        ours = merge.startswith("ours")
         for worker in run_of(runs, name, merge)["workers"]:
-            assert worker["merge patched"] is (merge == "ours"), worker
+            assert worker["merge patched"] is ours, worker
             assert worker["FIA task updates"] >= layers, worker  # full decode graphs replayed
             assert worker["FIA task updates"] % layers == 0, worker
             assert worker["negative slots"] > 0, worker
@@ -257,13 +278,33 @@ def test_engines_at_vllms_defaults_decode_in_full_graphs_with_the_merge_inside(r
                   f"{worker['FIA task updates']} FIA task updates, captured: ours "
                   f"{captured_ours}, TensorList {captured_list}; our operator run "
                   f"{worker['our CANN operator']} times")  # fmt: skip
-            if merge == "ours":
+            if ours:
                 assert captured_ours >= layers and captured_list == 0, worker
                 # every decode step: replayed in a full graph or run between piecewise ones
                 assert worker["our CANN operator"] >= layers * (MAX_TOKENS - 1), worker
             else:
                 assert captured_list >= layers and captured_ours == 0, worker
                 assert worker["our CANN operator"] == 0, worker
+
+
+@pytest.mark.parametrize("name", DEFAULT_RUNS)
+def test_engines_at_vllms_defaults_prefill_in_chunks_and_hit_the_prefix_cache(runs, name):
+    """A token budget below every prompt: each rank reads its shard of a request's earlier
+    chunks (chunked context) through ATB's paged cache load (`DeviceOperator.kv_cache_load`,
+    `attention_cp.py:781-800`). The second prompt starts with the first's `SHARED_PREFIX`
+    tokens, and the second round finds every prompt's full blocks cached: prefix-cache hits,
+    whose context is read the same way. Equal tokens: the comparisons above."""
+    for merge in MERGES:
+        first, again = run_of(runs, name, merge), run_of(runs, name, f"{merge}, again")
+        loads = [[worker["KV loads for chunked context"] for worker in run["workers"]]
+                 for run in (first, again)]  # fmt: skip
+        print(f"{name}, {merge} merge: cached tokens {first['cached_tokens']}, again "
+              f"{again['cached_tokens']}; KV loads per worker {loads[0]}, again {loads[1]}")
+        assert first["cached_tokens"][0] == 0 and first["cached_tokens"][1] >= SHARED_PREFIX
+        hash_block = 128 * 2  # vLLM hashes blocks of block_size x dcp x pcp tokens under CP
+        for cached, length in zip(again["cached_tokens"], PROMPT_TOKENS, strict=True):
+            assert length - hash_block <= cached < length, again["cached_tokens"]
+        assert all(count > 0 for run_loads in loads for count in run_loads), loads
 
 
 @pytest.mark.parametrize("name", [n for n in EAGER_RUNS if n.startswith("pcp2")])
