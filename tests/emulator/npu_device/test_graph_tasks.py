@@ -13,6 +13,8 @@ deadlock; both are refused.
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 import torch_npu
@@ -137,6 +139,26 @@ def test_a_replay_whose_event_is_never_recorded_blocks_the_stream():
             wait()
     captured.update([8])  # recording the event lets the replay finish
     torch.npu.synchronize()
+    assert torch.equal(captured.out.cpu(), reference(inputs(0), [8]))
+
+
+def test_another_threads_synchronize_waits_until_the_replay_goes_on():
+    """vLLM's async output thread synchronizes its copy's event while the main thread's replay
+    waits for its task update: on the device that thread waits until the main thread records
+    the update's event, and so does it here (raising would fail a server at random)."""
+    captured = CapturedFia([8])
+    captured.begin()
+    captured.graph.replay()
+    seen = []
+    waiter = threading.Thread(target=lambda: (torch.npu.Event().synchronize(),
+                                              torch.npu.synchronize(),
+                                              seen.append(captured.graph.waiting_on)))  # fmt: skip
+    waiter.start()
+    waiter.join(0.5)
+    assert waiter.is_alive() and not seen  # waiting, not raising
+    captured.update([8])
+    waiter.join(30)
+    assert not waiter.is_alive() and seen == [None]
     assert torch.equal(captured.out.cpu(), reference(inputs(0), [8]))
 
 

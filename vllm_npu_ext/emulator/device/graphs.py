@@ -39,12 +39,17 @@ is asynchronous on the device), may update the captured tasks (`graph_task_updat
 record the event, which lets the replay go on. Until then the stream is blocked: any device
 operator, copy or value read raises RuntimeError naming the event (`host_npu.set_blocked`;
 on the device these would wait forever), as do `torch.npu.synchronize()` and another replay.
+A synchronize from another thread (vLLM's async output copy thread waits on its event while
+the main thread updates the tasks) waits instead, as the device would, until the replay has
+gone on: the thread that stopped the replay will record the event. It raises after
+`OTHER_THREAD_WAIT_S` seconds (then the device would hang too).
 """
 
 from __future__ import annotations
 
 import collections
 import itertools
+import threading
 from typing import Any
 
 import torch
@@ -60,6 +65,8 @@ stats: collections.Counter[str] = collections.Counter()
 captured_operators: collections.Counter[str] = collections.Counter()  # by name, all captures
 _capturing: list[NPUGraph] = []  # the graph under capture (one at a time, as on the device)
 _waiting: list[NPUGraph] = []  # replays stopped at a wait node (the stream is blocked)
+_resumed = threading.Condition()  # notified when a stopped replay goes on
+OTHER_THREAD_WAIT_S = 300.0
 # Operators whose result is memory, not the result of a kernel: nothing to replay.
 _ALLOCATIONS = frozenset({
     "aten::empty.memory_format", "aten::empty_strided", "aten::empty_like", "aten::new_empty",
@@ -233,6 +240,7 @@ class NPUGraph:
         self.capture_stream: Any = None
         self.group_start: int | None = None  # an open task group (graph_tasks)
         self._stopped_at: int | None = None  # the wait node a replay stopped at
+        self._stopped_by: int | None = None  # the thread whose replay stopped there
         # The two latest replays as queued on their streams (stream_order; graph_tasks).
         self.previous_replay: stream_order.Ticket | None = None
         self.latest_replay: stream_order.Ticket | None = None
@@ -291,17 +299,21 @@ class NPUGraph:
                 entry.replay()
 
     def _stop(self, position: int, event: Any) -> None:
-        self._stopped_at = position
+        self._stopped_at, self._stopped_by = position, threading.get_ident()
         event.waiters.append(self)
-        _waiting.append(self)
-        host_npu.set_blocked(blocked_reason())
+        with _resumed:
+            _waiting.append(self)
+            host_npu.set_blocked(blocked_reason())
 
     def resume(self) -> None:
         """The event this replay waits on was recorded: go on after the wait node."""
         position, self._stopped_at = self._stopped_at, None
-        _waiting.remove(self)
-        host_npu.set_blocked(blocked_reason())
+        with _resumed:
+            _waiting.remove(self)
+            host_npu.set_blocked(blocked_reason())
         self._run_from(position + 1)
+        with _resumed:
+            _resumed.notify_all()
 
     @property
     def waiting_on(self) -> Any:
@@ -405,9 +417,18 @@ def blocked_reason() -> str:
 
 
 def require_stream_free(what: str) -> None:
-    """RuntimeError while a replay waits on an unrecorded event (the device would hang)."""
-    if _waiting:
-        raise RuntimeError(f"{what} would wait forever on the device: {blocked_reason()}")
+    """RuntimeError while a replay this thread stopped waits on an unrecorded event (the device
+    would hang: only this thread would record it); from another thread, wait until the
+    replays have gone on (module docstring)."""
+    if not _waiting:
+        return
+    me = threading.get_ident()
+    with _resumed:
+        if any(graph._stopped_by == me for graph in _waiting):
+            raise RuntimeError(f"{what} would wait forever on the device: {blocked_reason()}")
+        if not _resumed.wait_for(lambda: not _waiting, timeout=OTHER_THREAD_WAIT_S):
+            raise RuntimeError(f"{what} waited {OTHER_THREAD_WAIT_S:.0f} s in another thread: "
+                               f"{blocked_reason()}")  # fmt: skip
 
 
 def graph_pool_handle() -> Any:
