@@ -39,17 +39,14 @@ CHUNK_BUDGET = 512
 MAX_MODEL_LEN = 4096
 WORKER = TESTS / "support" / "cp_generation_worker.py"
 WORKER_EXTENSION = "support.cp_worker_extension.CPProbe"
-# What vllm-ascend 0.23's CP path takes (docs/cp-decode.md), for servers and engines alike.
-SERVER_FLAGS = [
-    "--runner", "generate", "--dtype", "bfloat16", "--block-size", "128",
-    "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "4",
-    "--max-num-batched-tokens", str(MAX_MODEL_LEN),
-    "--kv-cache-memory-bytes", str(64 << 20), "--no-enable-prefix-caching",
-    "--no-enable-chunked-prefill", "--enforce-eager", "--worker-extension-cls", WORKER_EXTENSION,
-    # The tests read the workers' probes through vLLM's dev-mode /collective_rpc; dev mode
-    # also logs every 4xx with a traceback, which the bad-request test looks for.
-    "--no-log-error-stack",
-]  # fmt: skip
+# What the servers get besides the checkpoint and their parallel sizes: only what the tests
+# need. Our worker extension's probes, read through vLLM's dev-mode /collective_rpc (dev mode
+# also logs every 4xx with a traceback, which the bad-request test looks for) and a chat
+# template (the tiny tokenizer has none).
+SERVER_TEST_FLAGS = ["--worker-extension-cls", WORKER_EXTENSION, "--no-log-error-stack"]
+# The stand-in's NPUs share this host's RAM: each rank gets 1 GiB of device memory, of which
+# vLLM's default --gpu-memory-utilization sizes the KV cache.
+SERVER_DEVICE_MIB = "1024"
 CHAT_TEMPLATE = (
     "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n"
     "{% endfor %}assistant:"

@@ -45,7 +45,8 @@ from support.cp_decode import (
     MAX_MODEL_LEN,
     MAX_TOKENS,
     PROMPT_TOKENS,
-    SERVER_FLAGS,
+    SERVER_DEVICE_MIB,
+    SERVER_TEST_FLAGS,
     SHARED_PREFIX,
     compare,
     from_chat,
@@ -72,6 +73,8 @@ ENGINES = {
     "tp1": ({}, None, (), {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}, ()),
     "tp1 stock": ({}, None, ("--stock",), {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}, ()),
     "pcp2 eager": ({"prefill_context_parallel_size": 2}, "tp1", (), {}, MERGES),
+    "dcp2 eager": ({"tensor_parallel_size": 2, "decode_context_parallel_size": 2}, "tp2", (), {},
+                   MERGES),
     "pcp2 default": ({"prefill_context_parallel_size": 2, **DEFAULTS}, "tp1", AGAIN, {},
                      ("ours",)),
     "pcp2 default, theirs": ({"prefill_context_parallel_size": 2, **DEFAULTS}, None, AGAIN,
@@ -81,9 +84,13 @@ ENGINES = {
     "dcp2 default, theirs": ({"tensor_parallel_size": 2, "decode_context_parallel_size": 2,
                               **DEFAULTS}, None, AGAIN, THEIRS, ("vllm-ascend",)),
 }  # fmt: skip
+# name -> the server's arguments after the checkpoint, as a user gives them (`vllm-npu-ext serve`
+# generates with CP; vLLM's defaults otherwise), besides `SERVER_TEST_FLAGS`.
+SERVERS = {"tp2": ["-tp", "2", "--runner", "generate"],
+           "dcp2 default (server)": ["-tp", "2", "-dcp", "2"]}
 # Distinct port ranges for processes that run at once (`support.cp_decode.start_engine`).
 PORT_BASE, PORT_STRIDE = 21000, 100
-CP_RUNS = {"dcp2 eager (server)": "tp2", **{n: e[1] for n, e in ENGINES.items() if e[1]}}
+CP_RUNS = {"dcp2 default (server)": "tp2", **{n: e[1] for n, e in ENGINES.items() if e[1]}}
 EAGER_RUNS = [name for name in CP_RUNS if "eager" in name]
 DEFAULT_RUNS = [name for name in CP_RUNS if name.endswith("default")]
 BAD_COMPLETIONS = {
@@ -129,18 +136,16 @@ class Runs:
 
     def _servers(self):
         """One after the other (a TP 2 server is four processes): each queried, then stopped."""
-        flags = [str(self.model_dir), *SERVER_FLAGS, "--chat-template", str(self.template),
-                 "-tp", "2"]  # fmt: skip
-        for index, (name, extra) in enumerate((
-            ("tp2", []), ("dcp2 eager (server)", ["--decode-context-parallel-size", "2"]),
-        )):  # fmt: skip
+        flags = [str(self.model_dir), *SERVER_TEST_FLAGS, "--chat-template", str(self.template)]
+        for index, (name, args) in enumerate(SERVERS.items()):
             began = time.monotonic()
             port = str(PORT_BASE + PORT_STRIDE * index)
-            env = server_env(VLLM_SERVER_DEV_MODE="1", VLLM_PORT=port)
-            server = Server([*flags, *extra], self.root / f"{name.split()[0]}.log", env)
+            env = server_env(VLLM_SERVER_DEV_MODE="1", VLLM_PORT=port,
+                             VLLM_NPU_EXT_EMULATE_DEVICE_MIB=SERVER_DEVICE_MIB)  # fmt: skip
+            server = Server([*flags, *args], self.root / f"{name.split()[0]}.log", env)
             try:
                 server.wait_healthy(900)
-                self.results[name] = self._query(server, cp=bool(extra))
+                self.results[name] = self._query(server, cp="-dcp" in args)
                 # While serving: stopping the engine logs its own EngineDeadError traceback.
                 self.results[name]["log"] = server.log_text()
             finally:
@@ -162,15 +167,11 @@ class Runs:
             response = httpx.post(f"{url}/v1/completions", json=body, timeout=600)
             return from_completion(response.json()["choices"])
 
-        result = {"runs": {}}
-        for merge in MERGES if cp else ("none",):
-            rpc("cp_probe_install", merge == "ours")
-            if cp:
-                rpc("cp_set_patch", merge == "ours")
-            rpc("cp_probe_reset")
-            result["runs"][merge] = {**completions(), "workers": rpc("cp_probe_counts")}
-        if cp:
-            rpc("cp_set_patch", True)  # the chat below through our merge
+        # Our merge: it is what the server's full decode graphs captured at start.
+        merge = "ours" if cp else "none"
+        rpc("cp_probe_install", cp)
+        rpc("cp_probe_reset")
+        result = {"runs": {merge: {**completions(), "workers": rpc("cp_probe_counts")}}}
         result["chat"] = httpx.post(f"{url}/v1/chat/completions", json={
             "model": model, "messages": [{"role": "user", "content": prompt_text(260, 9)}],
             "max_tokens": MAX_TOKENS, "temperature": 0, "logprobs": True, "top_logprobs": 2,
@@ -203,7 +204,10 @@ def run_of(runs, name, merge):
 
 
 def merges_of(name):
-    """Our merge and vllm-ascend's; at vLLM's defaults also each one's second round."""
+    """Our merge and vllm-ascend's; at vLLM's defaults also each one's second round; the CP
+    server ours (what its full decode graphs captured)."""
+    if name in SERVERS:
+        return ("ours",)
     return (*MERGES, *(f"{m}, again" for m in MERGES)) if name in DEFAULT_RUNS else MERGES
 
 
@@ -222,7 +226,7 @@ def test_cp_generation_equals_the_non_cp_baseline_where_the_margin_is_clear(runs
         assert result.clear >= MAX_TOKENS, result  # not vacuous: a request's worth at least
 
 
-@pytest.mark.parametrize("name", CP_RUNS)
+@pytest.mark.parametrize("name", [name for name in CP_RUNS if name not in SERVERS])
 def test_our_merge_and_vllm_ascends_generate_alike_in_one_engine(runs, name):
     for again in ("", ", again") if name in DEFAULT_RUNS else ("",):
         ours, theirs = run_of(runs, name, "ours" + again), run_of(runs, name, "vllm-ascend" + again)
@@ -287,6 +291,31 @@ def test_engines_at_vllms_defaults_decode_in_full_graphs_with_the_merge_inside(r
                 assert worker["our CANN operator"] == 0, worker
 
 
+def test_the_cp_server_at_vllms_defaults_decodes_in_full_graphs_through_our_merge(runs):
+    """`vllm-npu-ext serve CKPT -tp 2 -dcp 2` and nothing else but the tests' probes: vLLM's
+    defaults as its log states them (FULL_AND_PIECEWISE, prefix caching, chunked prefill,
+    async scheduling). Read from each worker: decode replayed in full graphs with our operator
+    captured and run in every decode step, torch_npu's TensorList operator never captured,
+    the 3100-token prompt's context read in chunks (its default budget is below it)."""
+    layers, server = 2, runs["dcp2 default (server)"]
+    log = server["log"]
+    config = log[log.index("Initializing a V1 LLM engine"):][:6000]
+    for setting in ("decode_context_parallel_size=2", "enable_prefix_caching=True",
+                    "enable_chunked_prefill=True", "FULL_AND_PIECEWISE"):  # fmt: skip
+        assert setting in config, (setting, config)
+    assert "Asynchronous scheduling is enabled." in log
+    for worker in run_of(runs, "dcp2 default (server)", "ours")["workers"]:
+        print(f"CP server, a worker: {worker['graph replays']} graph replays, "
+              f"{worker['FIA task updates']} FIA task updates, our operator captured "
+              f"{worker['captured: our operator']} and run {worker['our CANN operator']} times, "
+              f"{worker['KV loads for chunked context']} KV loads")  # fmt: skip
+        assert worker["merge patched"] is True, worker
+        assert worker["FIA task updates"] >= layers and worker["captured: our operator"] >= layers
+        assert worker["captured: TensorList npu_attention_update"] == 0, worker
+        assert worker["our CANN operator"] >= layers * (MAX_TOKENS - 1), worker
+        assert worker["KV loads for chunked context"] > 0, worker
+
+
 @pytest.mark.parametrize("name", DEFAULT_RUNS)
 def test_engines_at_vllms_defaults_prefill_in_chunks_and_hit_the_prefix_cache(runs, name):
     """A token budget below every prompt: each rank reads its shard of a request's earlier
@@ -331,20 +360,20 @@ def test_generation_with_our_plugin_is_stock_vllm_ascends(runs):
 
 def test_the_cp_servers_chat_answers_as_the_non_cp_servers(runs):
     """/v1/chat/completions of a 500-token message on both servers (their /v1/completions:
-    `dcp2 eager (server)` above), compared as the engines are."""
-    cp_chat, chat = runs["dcp2 eager (server)"]["chat"], runs["tp2"]["chat"]
+    `dcp2 default (server)` above), compared as the engines are."""
+    cp_chat, chat = runs["dcp2 default (server)"]["chat"], runs["tp2"]["chat"]
     assert "choices" in cp_chat and "choices" in chat, (cp_chat, chat)
     assert cp_chat["usage"]["prompt_tokens"] == chat["usage"]["prompt_tokens"] > 400
-    largest = largest_logit(runs["dcp2 eager (server)"]["chat_workers"],
+    largest = largest_logit(runs["dcp2 default (server)"]["chat_workers"],
                             runs["tp2"]["chat_workers"])  # fmt: skip
     result = compare(from_chat(cp_chat["choices"][0]), from_chat(chat["choices"][0]), largest)
     print(f"chat, DCP 2 server vs TP 2 server: {result}")
     assert not result.unequal_clear and not result.over_bound, result
     assert result.compared >= 1
-    assert "decode_context_parallel_size=2" in runs["dcp2 eager (server)"]["log"]
+    assert "decode_context_parallel_size=2" in runs["dcp2 default (server)"]["log"]
 
 
-@pytest.mark.parametrize("server", ["tp2", "dcp2 eager (server)"])
+@pytest.mark.parametrize("server", ["tp2", "dcp2 default (server)"])
 def test_bad_requests_get_400_and_no_traceback(runs, server):
     result = runs[server]
     assert result["bad"] == dict.fromkeys(BAD_COMPLETIONS, 400) and result["malformed"] == 400
