@@ -29,6 +29,13 @@ copy before the all_to_all, a copy before the PCP all-gather, permute + copy, sp
 TensorList AttentionUpdate). The collectives are stood in for by one opaque operator each
 that writes what the real one would (the same bytes on both sides), so no process group is
 needed; their bytes are reported apart.
+
+`--decode-step --full-graph`: the same pairs as vllm-ascend's full decode graph holds them:
+each captured in one graph on the torch_npu stand-in's `npu` device (installed in this
+process; our operator's kernel is its host build, vllm-ascend's is torch_npu's TensorList
+`npu_attention_update`), new inputs copied into the captured buffers, the graph replayed.
+Per side: the graph's tasks (what each replay launches), the task updates a replay needs (the
+host work between replays), and the replay against the same pair run eagerly.
 """
 
 from __future__ import annotations
@@ -138,14 +145,17 @@ def vllm_ascend_pack(out: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
     return torch.cat([out.float(), lse.float()], dim=-1).permute(1, 2, 0).contiguous()
 
 
-def vllm_ascend_merge(buffer: torch.Tensor, head_dim: int, dcp: int, pcp: int = 1):
-    """vllm-ascend's merge of its `[pcp*bs, dcp*H, D+1]` buffer through per-shard lists."""
+def vllm_ascend_merge(buffer: torch.Tensor, head_dim: int, dcp: int, pcp: int = 1,
+                      update_list=None):  # fmt: skip
+    """vllm-ascend's merge of its `[pcp*bs, dcp*H, D+1]` buffer through per-shard lists
+    (`update_list`: the TensorList operator, by default this script's CPU one)."""
     rows, total_heads, width = buffer.shape
     bs, heads = rows // pcp, total_heads // dcp
     shards = buffer.view(pcp, bs, dcp, heads, width).permute(0, 2, 1, 3, 4).contiguous()
     out, lse = shards.view(-1, bs, heads, width).split([head_dim, 1], dim=-1)
     out_list, lse_list = out.flatten(1, 2).unbind(0), lse.flatten(1, -1).unbind(0)
-    merged, _ = torch.ops.bench_cp.attention_update_list(list(lse_list), list(out_list), 0)
+    update_list = update_list or torch.ops.bench_cp.attention_update_list
+    merged, _ = update_list(list(lse_list), list(out_list), 0)
     return merged.view(-1, heads, head_dim)
 
 
@@ -250,7 +260,8 @@ def ours_step(out: torch.Tensor, lse: torch.Tensor, pcp: int, dcp: int) -> torch
     return merge_cp_buffer(buffer)
 
 
-def vllm_ascend_step(out: torch.Tensor, lse: torch.Tensor, pcp: int, dcp: int) -> torch.Tensor:
+def vllm_ascend_step(out: torch.Tensor, lse: torch.Tensor, pcp: int, dcp: int,
+                     update_list=None) -> torch.Tensor:  # fmt: skip
     """vllm-ascend 0.23's pair per layer, as `common_cp.py:111-159` runs it."""
     lse, out = lse.to(torch.float32), out.to(torch.float32)
     buffer = torch.cat([out, lse], dim=-1)
@@ -261,7 +272,7 @@ def vllm_ascend_step(out: torch.Tensor, lse: torch.Tensor, pcp: int, dcp: int) -
         buffer = received.permute([2, 0, 1])
     if pcp > 1:
         buffer = _gather(buffer.contiguous(), pcp)
-    return vllm_ascend_merge(buffer, out.shape[-1], dcp=dcp, pcp=pcp)
+    return vllm_ascend_merge(buffer, out.shape[-1], dcp=dcp, pcp=pcp, update_list=update_list)
 
 
 def step_counts(fn: Callable[[], object]) -> dict[str, int]:
@@ -308,6 +319,73 @@ def decode_step_table(batches=STEP_BATCHES, configs=STEP_CONFIGS) -> list[dict]:
     return rows
 
 
+def full_graph_case(pcp: int, dcp: int, bs: int, generator: torch.Generator) -> dict:
+    """`--full-graph`: each side's pair captured in one graph on the stand-in's `npu` device,
+    as vllm-ascend's full decode graph holds it; then new inputs copied into the captured
+    buffers and the graph replayed. Per side: the graph's tasks (what a replay launches), the
+    host work a replay needs (task updates; the per-shard TensorList is built at capture
+    only), and the replayed result against the same pair run eagerly on the new inputs."""
+    import torch_npu
+
+    from vllm_npu_ext.emulator.device import graphs
+
+    shape = (bs, dcp * HEADS, HEAD_DIM)
+    out = torch.randn(*shape, generator=generator).bfloat16().to("npu")
+    lse = (torch.randn(*shape[:2], 1, generator=generator) * 3).to("npu")
+    sides = {"ours": lambda: ours_step(out, lse, pcp, dcp),
+             "vllm_ascend": lambda: vllm_ascend_step(out, lse, pcp, dcp,
+                                                     torch_npu.npu_attention_update)}  # fmt: skip
+    row, captured, captured_graphs = {"pcp": pcp, "dcp": dcp, "bs": bs, "graphs": {}}, {}, {}
+    for name, fn in sides.items():
+        captured_graphs[name] = torch.npu.NPUGraph()
+        with torch.npu.graph(captured_graphs[name]):
+            captured[name] = fn()
+    out.copy_(torch.randn(*shape, generator=generator).bfloat16())
+    lse.copy_(torch.randn(*shape[:2], 1, generator=generator) * 3)
+    for name, fn in sides.items():
+        graph, updates = captured_graphs[name], graphs.stats["task_updates"]
+        graph.replay()
+        kinds = collections.Counter(
+            "copies" if op.split(".")[1] in COPY_OPS else
+            "collectives" if op.startswith("bench_cp.collective") else "merge"
+            for op in graph.operators
+        )  # fmt: skip
+        row["graphs"][name] = {
+            "tasks": len(graph.operators), **kinds,
+            "task_updates_per_replay": graphs.stats["task_updates"] - updates,
+            "replay_vs_eager": (captured[name].cpu() - fn().cpu()).abs().max().item(),
+        }  # fmt: skip
+    row["max_difference"] = (captured["ours"].cpu() - captured["vllm_ascend"].cpu()).abs().max()
+    row["max_difference"] = row["max_difference"].item()
+    for graph in captured_graphs.values():
+        graph.reset()
+    return row
+
+
+def full_graph_table(batches=STEP_BATCHES, configs=STEP_CONFIGS) -> list[dict]:
+    """`--decode-step --full-graph` (see `full_graph_case`): installs the torch_npu stand-in
+    and its `npu` device in this process, with our operator's host build as its kernel."""
+    from vllm_npu_ext import emulator
+    from vllm_npu_ext.emulator.operators import npu_ext_cann
+
+    emulator.install_stand_in()
+    npu_ext_cann.install_on_npu()
+    torch.npu.set_device(0)
+    generator = torch.Generator().manual_seed(0)
+    rows = [full_graph_case(pcp, dcp, bs, generator) for pcp, dcp in configs for bs in batches]
+    replayed = max(side["replay_vs_eager"] for r in rows for side in r["graphs"].values())
+    print(f"replayed graphs vs the same pairs run eagerly: max difference {replayed}")
+    print("| pcp x dcp | bs | graph tasks: ours / vllm-ascend | copies | collectives | merge "
+          "| task updates per replay |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        ours, theirs = r["graphs"]["ours"], r["graphs"]["vllm_ascend"]
+        cells = [f"{ours.get(k, 0)} / {theirs.get(k, 0)}" for k in
+                 ("tasks", "copies", "collectives", "merge", "task_updates_per_replay")]
+        print(f"| {r['pcp']}x{r['dcp']} | {r['bs']} | " + " | ".join(cells) + " |")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sp", type=int, nargs="+", default=[2, 4, 8])
@@ -320,12 +398,19 @@ def main(argv: list[str] | None = None) -> dict:
         "--decode-step", action="store_true",
         help="one layer's merge pair per decode step, ours vs vllm-ascend's (module docstring)",
     )  # fmt: skip
+    parser.add_argument(
+        "--full-graph", action="store_true",
+        help="with --decode-step: each pair captured in an NPU graph on the torch_npu stand-in "
+        "and replayed (`full_graph_case`)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.full_graph and not args.decode_step:
+        parser.error("--full-graph goes with --decode-step")
     threads_before = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     try:
         if args.decode_step:
-            rows = decode_step_table()
+            rows = full_graph_table() if args.full_graph else decode_step_table()
             summary = {"decode_step": rows}
             print(json.dumps({"max_difference": max(r["max_difference"] for r in rows)}))
             return summary

@@ -44,3 +44,24 @@ def test_the_package_runs_on_the_npu_device_and_is_one_task_of_a_graph():
     assert npu_ext_cann.calls[npu_ext_cann.OP_NAME] == before + 1
     expected, _ = attention_update_reference(new_lse, new_out)
     torch.testing.assert_close(merged.cpu(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_the_merge_pairs_in_a_full_graph_ours_launches_fewer_tasks_and_needs_no_update():
+    """`bench_cp_merge.py --decode-step --full-graph`: each pair captured in one graph, then
+    replayed on new inputs. Both replay what they run eagerly; neither needs a task update
+    between replays; with DCP from a batch of 4 on, ours launches fewer tasks (no permute
+    copies), and at a batch of one as many."""
+    from support.scripts import load_script
+
+    bench = load_script("benchmarks/bench_cp_merge.py")
+    rows = bench.full_graph_table(batches=(1, 4), configs=((1, 2), (2, 2)))
+    for row in rows:
+        ours, theirs = row["graphs"]["ours"], row["graphs"]["vllm_ascend"]
+        assert ours["replay_vs_eager"] == 0 and theirs["replay_vs_eager"] == 0, row
+        assert ours["task_updates_per_replay"] == theirs["task_updates_per_replay"] == 0, row
+        assert ours["merge"] == theirs["merge"] == 1, row
+        assert row["max_difference"] < 1e-5, row
+        if row["bs"] == 1:
+            assert ours["tasks"] == theirs["tasks"], row
+        else:
+            assert ours["tasks"] < theirs["tasks"] and ours["copies"] == 2, row
