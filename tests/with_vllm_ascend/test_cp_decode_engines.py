@@ -6,20 +6,23 @@ DCP 2 fits TP 2), three prompts of 3100, 2400 and 2000 tokens, the second starti
 first's 2048 (`support/cp_decode.py`), 12 greedy tokens with logprobs. Started together, at
 most two at a time (a TP 2 server is four processes):
 
-- servers (`vllm-npu-ext serve --runner generate`, eager): TP 2 with DCP 2, and TP 2 without
-  CP, both with our worker extension (`support/cp_worker_extension.py`) and vLLM's dev-mode
-  `/collective_rpc` to read each worker's probes and to switch the merge;
+- servers at vLLM's defaults: `vllm-npu-ext serve CKPT -tp 2 -dcp 2` (which generates, with
+  CP) and a TP 2 server without CP (`--runner generate`), both with only what the tests need
+  besides (`SERVER_TEST_FLAGS`: our worker extension, `support/cp_worker_extension.py`, whose
+  probes vLLM's dev-mode `/collective_rpc` reads; a chat template; 1 GiB of stand-in device
+  memory per rank);
 - engines (`support/cp_generation_worker.py`): DCP 2 (TP 2) and PCP 2 (TP 1) at vLLM's
   defaults (graph mode FULL_AND_PIECEWISE: decode in vllm-ascend's full decode graphs, async
   scheduling, prefix caching and chunked prefill with a 512-token budget, below every
   prompt), each generating the prompts twice (the second time from the prefix cache), with
   our merge and, in an engine of its own, vllm-ascend's (a full graph keeps the merge it
-  captured); PCP 2 eager; TP 1 with our plugin and TP 1 stock (our plugin left out of
-  VLLM_PLUGINS), the latter two in-process.
+  captured); DCP 2 and PCP 2 eager; TP 1 with our plugin and TP 1 stock (our plugin left out
+  of VLLM_PLUGINS), the latter two in-process.
 
 The eager CP runs (whole prompts in one step, no prefix caching) generate with our merge,
 then in the same engine with vllm-ascend's own pair (the patch undone in every worker). CP
-runs are compared with their non-CP baseline (eager, whole prompts) within the bf16 bound
+runs are compared with their non-CP baseline (TP 1 eager with whole prompts, or the TP 2
+server) within the bf16 bound
 derived in `support/cp_decode.py`. `enable_cp()` is cached per process
 (`attention/utils.py:123-126`): every configuration is a process of its own.
 
