@@ -355,8 +355,8 @@ def full_graph_case(pcp: int, dcp: int, bs: int, generator: torch.Generator) -> 
             "task_updates_per_replay": graphs.stats["task_updates"] - updates,
             "replay_vs_eager": (captured[name].cpu() - fn().cpu()).abs().max().item(),
         }  # fmt: skip
-    row["max_difference"] = (captured["ours"].cpu() - captured["vllm_ascend"].cpu()).abs().max()
-    row["max_difference"] = row["max_difference"].item()
+    difference = captured["ours"].cpu() - captured["vllm_ascend"].cpu()
+    row["max_difference"] = difference.abs().max().item()
     for graph in captured_graphs.values():
         graph.reset()
     return row

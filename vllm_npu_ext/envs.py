@@ -96,6 +96,13 @@ class PositiveInt(Variable):
         return int(value)
 
 
+class OptionalPositiveInt(PositiveInt):
+    """A positive integer, or None where unset or empty (documented default: empty)."""
+
+    def __call__(self) -> int | None:  # type: ignore[override]
+        return super().__call__() if self.raw().strip() else None
+
+
 MODEL_OVERRIDE = Flag(
     "VLLM_NPU_EXT_MODEL_OVERRIDE", "1",
     "0: vLLM's own Qwen3 classes for every run (1: ours for pooling runs)",
@@ -117,7 +124,7 @@ EMULATE_OPS = Flag(
     "the host, on the npu device; 0: as where the package is not built (the CP merge takes "
     "torch_npu's TensorList kernel)",
 )  # fmt: skip
-EMULATE_DEVICE_MIB = Variable(
+EMULATE_DEVICE_MIB = OptionalPositiveInt(
     "VLLM_NPU_EXT_EMULATE_DEVICE_MIB", "",
     "with VLLM_NPU_EXT_EMULATE=1: each emulated NPU's memory in MiB (what mem_get_info and "
     "get_device_properties report; empty: the host's MemTotal). The ranks of one host share "

@@ -156,11 +156,7 @@ def _total_bytes() -> int:
     from vllm_npu_ext import envs
 
     mib = envs.EMULATE_DEVICE_MIB()
-    if not mib:
-        return _meminfo()["MemTotal"]
-    if not mib.isdigit() or int(mib) < 1:
-        raise ValueError(f"{envs.EMULATE_DEVICE_MIB} must be a positive number of MiB, got {mib!r}")
-    return int(mib) << 20
+    return _meminfo()["MemTotal"] if mib is None else mib << 20
 
 
 def mem_get_info(device: Any = None) -> tuple[int, int]:
