@@ -221,9 +221,19 @@ def forward_decode(attn_out, attn_lse, head_size):
 """
 
 
+BUILDER = """
+
+class AscendAttentionCPMetadataBuilder:
+    def build(self, common_prefix_len, common_attn_metadata):
+        return common_attn_metadata
+"""
+
+
 def fake_source_hashes(update_params="head_size, attn_out_lse") -> list[str]:
     source = COMMON_CP.format(params=update_params)
-    return [pins.source_hash_in_module(source, name) for name in vllm_ascend_cp.REPLACEMENTS]
+    return [pins.source_hash_in_module(source, name) for name in vllm_ascend_cp.REPLACEMENTS] + [
+        pins.source_hash_in_module(BUILDER, f"{vllm_ascend_cp.BUILDER}.build")
+    ]
 
 
 def write_fake_vllm_ascend(root: Path, update_params="head_size, attn_out_lse") -> None:
@@ -232,8 +242,8 @@ def write_fake_vllm_ascend(root: Path, update_params="head_size, attn_out_lse") 
     for directory in (package, package.parent, package.parent.parent):
         (directory / "__init__.py").write_text("")
     (package / "common_cp.py").write_text(COMMON_CP.format(params=update_params))
-    for name in ("attention_cp", "mla_cp"):
-        (package / f"{name}.py").write_text(textwrap.dedent(CALLER))
+    (package / "attention_cp.py").write_text(textwrap.dedent(CALLER) + BUILDER)
+    (package / "mla_cp.py").write_text(textwrap.dedent(CALLER))
 
 
 def _forget_vllm_ascend():

@@ -79,6 +79,22 @@ def _decode(function):
     return probe
 
 
+def _masks_observed(refresh):
+    """Counts the CP builder's writes of the graph masks, and those where a request of the
+    step has no key on this rank."""
+
+    @functools.wraps(refresh)
+    def probe(self, lengths):
+        refresh(self, lengths)
+        counts["graph masks written"] += 1
+        rows = min(len(lengths), self.capacity)
+        if bool(self.masks[0, :rows].cpu().any()):
+            counts["graph masks written with a request without keys here"] += 1
+
+    probe.__wrapped_by_cp_probe__ = refresh
+    return probe
+
+
 class CPProbe:
     """Mixed into vllm-ascend's NPUWorker by vLLM (`--worker-extension-cls`)."""
 
@@ -104,6 +120,11 @@ class CPProbe:
         model = self.model_runner.model
         if not hasattr(model.compute_logits, "__wrapped_by_cp_probe__"):
             model.compute_logits = _logits_observed(model.compute_logits)
+        from vllm_npu_ext.patches import vllm_ascend_cp
+
+        refresh = vllm_ascend_cp.GraphMasks.refresh
+        if not hasattr(refresh, "__wrapped_by_cp_probe__"):
+            vllm_ascend_cp.GraphMasks.refresh = _masks_observed(refresh)
         if _flag(our_cann_operator):
             _install_our_cann_operator()
         return self.cp_probe_counts()
@@ -128,6 +149,8 @@ class CPProbe:
             "captured: our operator": graphs.captured_operators[CAPTURED_OURS],
             "captured: TensorList npu_attention_update": graphs.captured_operators[
                 "npu.npu_attention_update.default"],
+            # the graph masks' lse write (`vllm_ascend_cp.GraphMasks`)
+            "captured: masked lse": graphs.captured_operators["aten.where.self_out"],
             "attention_cp imported": module is not None,
             "merge patched": module is not None
             and module._npu_attention_update is vllm_ascend_cp.npu_attention_update,

@@ -63,6 +63,12 @@ from support.server import Server
 from support.vllm_ascend_env import server_env
 
 MERGES = ("ours", "vllm-ascend")
+# Short requests at cp_kv_cache_interleave_size 16: DCP rank 1 holds no key of a sequence of at
+# most 16 tokens (`pcp_utils._get_cp_local_seq_lens`), so with these prompt lengths (the first
+# tokens of the long prompts) it has none for the first request in every decode step, for the
+# second in its first 5, for the third never: empty shards in full decode graphs, mixed in a
+# batch (the graphs carry our empty-shard masks, `patches/vllm_ascend_cp.py`).
+SHORT, INTERLEAVE = (2, 11, 30), 16
 # vLLM's defaults for generation over the common settings: its graph mode (FULL_AND_PIECEWISE),
 # prefix caching and chunked prefill, with a token budget below every prompt.
 DEFAULTS = {"enforce_eager": False, "enable_prefix_caching": True, "enable_chunked_prefill": True,
@@ -86,6 +92,10 @@ ENGINES = {
                       **DEFAULTS}, "tp2", AGAIN, {}, ("ours",)),
     "dcp2 default, theirs": ({"tensor_parallel_size": 2, "decode_context_parallel_size": 2,
                               **DEFAULTS}, None, AGAIN, THEIRS, ("vllm-ascend",)),
+    # `SHORT` prompts, compared with the TP 2 server's answers to them (`test_short_requests...`)
+    "dcp2 interleave 16": ({"tensor_parallel_size": 2, "decode_context_parallel_size": 2,
+                            "cp_kv_cache_interleave_size": INTERLEAVE, **DEFAULTS}, None, (), {},
+                           ("ours",)),
 }  # fmt: skip
 # name -> the server's arguments after the checkpoint, as a user gives them (`vllm-npu-ext serve`
 # generates with CP; vLLM's defaults otherwise), besides `SERVER_TEST_FLAGS`.
@@ -109,6 +119,7 @@ class Runs:
 
     def __init__(self, root, model_dir):
         self.model_dir, self.token_ids = model_dir, prompts(model_dir)
+        self.short_ids = [ids[:length] for ids, length in zip(self.token_ids, SHORT, strict=True)]
         template = root / "chat.jinja"
         template.write_text(CHAT_TEMPLATE)
         self.root, self.template, self.results, self.seconds = root, template, {}, {}
@@ -129,8 +140,9 @@ class Runs:
         env = {**env, "VLLM_PORT": str(PORT_BASE + PORT_STRIDE * (2 + list(ENGINES).index(name)))}
         began = time.monotonic()
         merges = ("--merges", ",".join(merges)) if merges else ()
+        token_ids = self.short_ids if "interleave" in name else self.token_ids
         process, out, log = start_engine(name.replace(" ", "_").replace(",", ""),
-                                         self.model_dir, self.root, self.token_ids, engine_args,
+                                         self.model_dir, self.root, token_ids, engine_args,
                                          *flags, *merges, **env)  # fmt: skip
         code = process.wait(timeout=1200)
         assert code == 0, log.read_text(errors="replace")[-6000:]
@@ -163,8 +175,8 @@ class Runs:
             body = {"method": method, "args": [str(a) for a in args]}
             return httpx.post(f"{url}/collective_rpc", json=body, timeout=300).json()["results"]
 
-        def completions():
-            body = {"model": model, "prompt": self.token_ids, "max_tokens": MAX_TOKENS,
+        def completions(token_ids=self.token_ids):
+            body = {"model": model, "prompt": token_ids, "max_tokens": MAX_TOKENS,
                     "temperature": 0, "logprobs": 2, "return_tokens_as_token_ids": True,
                     "ignore_eos": True}  # fmt: skip
             response = httpx.post(f"{url}/v1/completions", json=body, timeout=600)
@@ -187,6 +199,9 @@ class Runs:
             f"{url}/v1/completions", content=b'{"prompt": ["x"',
             headers={"content-type": "application/json"}, timeout=60,
         ).status_code  # fmt: skip
+        if not cp:  # the baseline of the short requests' CP engine
+            rpc("cp_probe_reset")
+            result["short"] = {**completions(self.short_ids), "workers": rpc("cp_probe_counts")}
         return result
 
 
@@ -292,6 +307,39 @@ def test_engines_at_vllms_defaults_decode_in_full_graphs_with_the_merge_inside(r
             else:
                 assert captured_list >= layers and captured_ours == 0, worker
                 assert worker["our CANN operator"] == 0, worker
+
+
+def test_short_requests_without_keys_on_a_rank_decode_in_full_graphs_as_without_cp(runs):
+    """TP 2 DCP 2 at vLLM's defaults with cp_kv_cache_interleave_size 16 and `SHORT` prompts:
+    in most decode steps DCP rank 1 holds no key of one or two of the three requests, and FIA's
+    result for them is undefined (the stand-in's: NaN rows). The full decode graphs carry our
+    empty-shard masks, written by the CP builder before each step: tokens equal to the TP 2
+    server's wherever its margin is clear, logprobs within the bound. Read from the workers:
+    full-graph replays with FIA task updates, the masked lse write captured, masks written
+    every step, on rank 1 with a request without keys."""
+    layers, name = 2, "dcp2 interleave 16"
+    run, baseline = runs[name], runs["tp2"]["short"]
+    assert run["cudagraph_mode"] == "FULL_AND_PIECEWISE" and run["async_scheduling"] is True
+    ours = run_of(runs, name, "ours")
+    result = compare(ours, baseline, largest_logit(ours["workers"], baseline["workers"]))
+    print(f"{name} vs the TP 2 server, short prompts {SHORT}: {result.compared} steps compared, "
+          f"{result.clear} clear, worst |d logprob| {result.worst_logprob:.4f} "
+          f"(bound {result.bound:.4f})")  # fmt: skip
+    assert not result.unequal_clear and not result.over_bound, result
+    assert result.clear >= MAX_TOKENS, result
+    for worker in ours["workers"]:
+        print(f"{name}, a worker: {worker['graph replays']} graph replays, "
+              f"{worker['FIA task updates']} FIA task updates, masked lse captured "
+              f"{worker['captured: masked lse']}, masks written {worker['graph masks written']}"
+              f" ({worker.get('graph masks written with a request without keys here', 0)} with a "
+              "request without keys here)")  # fmt: skip
+        assert worker["FIA task updates"] >= layers and worker["graph replays"] > 0, worker
+        assert worker["captured: masked lse"] >= layers, worker
+        assert worker["captured: our operator"] >= layers, worker
+        assert worker["graph masks written"] >= MAX_TOKENS - 1, worker
+    without_keys = [w.get("graph masks written with a request without keys here", 0)
+                    for w in ours["workers"]]  # fmt: skip
+    assert sorted(without_keys)[0] == 0 and sorted(without_keys)[-1] >= MAX_TOKENS - 1, ours
 
 
 def test_the_cp_server_at_vllms_defaults_decodes_in_full_graphs_through_our_merge(runs):

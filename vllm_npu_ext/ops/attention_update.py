@@ -199,6 +199,14 @@ def _kernel_choice(choice: str, device: torch.device) -> str:
     return "list"
 
 
+def merge_reads_empty_out(kernel: MergeKernel | None, device: torch.device) -> bool:
+    """Whether the NPU merge `kernel` (None: from the environment) on `device` reads a shard's
+    out where its lse is -inf: torch_npu's TensorList kernel (the formula taken literally,
+    0 * NaN) does; our CANN operator and the reference give such a shard weight 0 unread."""
+    kernel = kernel or MergeKernel.from_env()
+    return _kernel_choice(kernel.kernel, device) == "list"
+
+
 def attention_update_npu(
     lse: torch.Tensor, out: torch.Tensor, update_type: int = 0, kernel: MergeKernel | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -32,15 +32,24 @@ def group_size(group: dist.ProcessGroup | None) -> int:
 
 
 def pack_out_lse(
-    out: torch.Tensor, lse: torch.Tensor, dcp_size: int, empty: torch.Tensor | None = None
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    dcp_size: int,
+    empty: torch.Tensor | None = None,
+    *,
+    neg_inf: torch.Tensor | None = None,
+    zero_out: bool = True,
 ) -> torch.Tensor:
     """Write local partial results into a DCP send buffer.
 
     out: `[bs, dcp_size * H, D]` (any float dtype); lse: `[bs, dcp_size * H]` or
     `[bs, dcp_size * H, 1]`. empty: bool `[bs]` on out's device, True for a sequence of which
-    this rank holds no key: its rows are written as out 0 and lse -inf whatever the attention
-    kernel left there (FIA's result for zero keys is not documented), so the merge gives the
-    shard weight 0. None: every sequence has keys here.
+    this rank holds no key: its lse is written as -inf and (`zero_out`) its out rows as 0,
+    whatever the attention kernel left there (FIA's result for zero keys is not documented),
+    so the merge gives the shard weight 0. None: every sequence has keys here. The lse is
+    written through `torch.where` from `neg_inf` (an fp32 0-dim tensor on out's device; made
+    here when None) in place of its copy; `zero_out=False` (a merge that does not read out at
+    weight 0, e.g. inside a graph) adds nothing else.
     Returns fp32 `[dcp_size, bs, H, D + 1]`: block j holds heads `j*H .. (j+1)*H - 1`,
     last channel the lse.
     """
@@ -56,15 +65,23 @@ def pack_out_lse(
     heads = total_heads // dcp_size
     buffer = out.new_empty((dcp_size, num_tokens, heads, head_dim + 1), dtype=torch.float32)
     buffer[..., :head_dim].copy_(out.unflatten(1, (dcp_size, heads)).transpose(0, 1))
-    buffer[..., head_dim].copy_(lse.reshape(num_tokens, dcp_size, heads).transpose(0, 1))
-    if empty is not None:
-        if empty.shape != (num_tokens,) or empty.dtype != torch.bool:
-            raise ValueError(
-                f"empty must be bool [bs] = [{num_tokens}], got {empty.dtype} {tuple(empty.shape)}"
-            )
-        rows = empty.to(buffer.device).view(1, num_tokens, 1, 1)
-        buffer.masked_fill_(rows, 0.0)
-        buffer[..., head_dim :].masked_fill_(rows, float("-inf"))
+    lse_blocks = lse.reshape(num_tokens, dcp_size, heads).transpose(0, 1)
+    if empty is None:
+        buffer[..., head_dim].copy_(lse_blocks)
+        return buffer
+    if empty.shape != (num_tokens,) or empty.dtype != torch.bool:
+        raise ValueError(
+            f"empty must be bool [bs] = [{num_tokens}], got {empty.dtype} {tuple(empty.shape)}"
+        )
+    if neg_inf is None:
+        neg_inf = torch.full((), float("-inf"), dtype=torch.float32, device=buffer.device)
+    elif neg_inf.dim() != 0 or neg_inf.dtype != torch.float32:
+        raise ValueError(f"neg_inf must be a 0-dim fp32 tensor, got {neg_inf.dtype} "
+                         f"{tuple(neg_inf.shape)}")  # fmt: skip
+    rows = empty.view(1, num_tokens, 1)
+    torch.where(rows, neg_inf, lse_blocks.float(), out=buffer[..., head_dim])
+    if zero_out:
+        buffer[..., :head_dim].masked_fill_(rows.unsqueeze(-1), 0.0)
     return buffer
 
 

@@ -36,7 +36,8 @@ VLLM_0_23 = "vLLM 0.23.0"
 VLLM_0_32 = "vLLM 0.32.0"
 VLLM_ASCEND_0_23 = "vllm-ascend 0.23.0.post1"
 _REGISTRY = "vllm.model_executor.models.registry:_ModelRegistry"
-_COMMON_CP = "vllm_ascend.attention.context_parallel.common_cp"
+_CP_PACKAGE = "vllm_ascend.attention.context_parallel"
+_COMMON_CP = f"{_CP_PACKAGE}.common_cp"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,11 +135,13 @@ PATCHES: dict[str, Patch] = {patch.name: patch for patch in (
     Patch(
         name="vllm_ascend_cp",
         target=f"{_COMMON_CP}._process_attn_out_lse and ._npu_attention_update, as "
-               "attention_cp and mla_cp import them",
+               "attention_cp and mla_cp import them; attention_cp's "
+               "AscendAttentionCPMetadataBuilder.build (wrapped)",
         why="vllm-ascend merges CP decode results through per-shard lists and a permute copy",
         how="an import hook (on_import.py, first on sys.meta_path) replaces the pair in the two "
             "caller modules when vllm-ascend imports them, i.e. in CP workers only; the merge "
-            "kernel is chosen once, then (vllm_ascend_cp.py)",
+            "kernel is chosen once, then; the builder's build also writes the step's "
+            "empty-shard masks for full decode graphs (vllm_ascend_cp.py)",
         switch=envs.CP_PATCH,
         when=REGISTER,
         remove_when="vllm-ascend merges CP results from tensors with one operator call",
@@ -156,6 +159,10 @@ PATCHES: dict[str, Patch] = {patch.name: patch for patch in (
                 # (3.11 to 3.13 agree with the pin above; every other pin hashes alike on 3.10)
                 f"{VLLM_ASCEND_0_23} on Python 3.10":
                     "30fda3489497474f1233e270f236c40b946ac591ebb8e044a5c28fcd1521ef6a",
+            },
+            f"{_CP_PACKAGE}.attention_cp:AscendAttentionCPMetadataBuilder.build": {
+                VLLM_ASCEND_0_23:
+                    "4aeb3f13a2f9558833be8b9a8e468df7c5e65784b9e1c7797c0e5a96189b6f66",
             },
         },
         verified_by_patch=True,
@@ -213,9 +220,13 @@ def _function(path: str):
     return getattr(importlib.import_module(module), name)
 
 
-def refusals(name: str, lookup=None) -> list[pins.Check]:
-    """The pins of patch `name` that stop it, each logged once with what to do."""
-    checks = pins.check_all(name, PATCHES[name].pins, lookup)
+def refusals(name: str, lookup=None, targets=None) -> list[pins.Check]:
+    """The pins of patch `name` (those of `targets` only, when given) that stop it, each
+    logged once with what to do."""
+    pinned = PATCHES[name].pins
+    if targets is not None:
+        pinned = {target: pinned[target] for target in targets}
+    checks = pins.check_all(name, pinned, lookup)
     refused = [check for check in checks if not check.applicable]
     if refused:
         from vllm_npu_ext.logger import get_logger

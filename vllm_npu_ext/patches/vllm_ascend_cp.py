@@ -18,7 +18,18 @@ A rank that holds no key of a request (requests shorter than the CP group, with
 defines. Outside graph capture the pair reads every rank's key counts of the step
 (`decode_meta.num_computed_tokens_of_pcp_dcp`, from vLLM's forward context) and sends such rows as
 out 0, lse -inf, and returns 0 for a request of which no rank holds a key (`empty_shard_masks`).
-While a graph is captured it merges what FIA wrote, as vllm-ascend's own pair does.
+In a full decode graph no host code runs, so the masks are device memory (`GraphMasks`): the CP
+metadata builder's `build` is wrapped to write the step's masks into it (before the forward, as
+vllm-ascend's PCP runner writes the SFA DCP key lengths a graph reads, `pcp_utils.py:1958-1968`)
+and the captured pair writes the lse through `torch.where` from them, in place of its lse copy.
+Our merge gives a shard with lse -inf weight 0 without reading its out (kernel and reference),
+so that is all the graph adds; with torch_npu's TensorList kernel (`list`), which reads it, the
+out rows and all-empty rows are zeroed as outside graphs. Graphs carry the masks only where a
+decode step can leave a rank without keys: rank r holds none while the sequence has at most
+r * interleave tokens (`pcp_utils._get_cp_local_seq_lens`), and a decode step's sequence has at
+least 2, so with (pcp*dcp - 1) * cp_kv_cache_interleave_size < 2 (DCP or PCP 2 at interleave 1,
+vLLM's default) the graph is left as vllm-ascend's (its padding rows, 0 keys everywhere, are
+discarded).
 
 When it applies. vLLM 0.23 loads general plugins in `WorkerWrapperBase.init_worker` before
 the worker exists, with the config only in a local variable: the DCP/PCP sizes are not
@@ -36,6 +47,7 @@ the expected parameters, and their sources those pinned in the patch table,
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import inspect
 import sys
@@ -61,6 +73,9 @@ TARGET_SIGNATURES = {
     "_process_attn_out_lse": ("attn_output", "softmax_lse"),
     "_npu_attention_update": ("head_size", "attn_out_lse"),
 }
+# Wrapped (attention_cp only, where it is defined) to refresh the graph masks every step.
+BUILDER = "AscendAttentionCPMetadataBuilder"
+BUILDER_MARKER = "__vllm_npu_ext_cp_build__"
 PATCHED_MARKER = "__vllm_npu_ext_cp_originals__"
 
 
@@ -91,6 +106,75 @@ _rows_without_keys = None
 _step_masks = None
 
 
+class GraphMasks:
+    """The empty-shard masks full decode graphs read: device memory written outside the graph.
+
+    masks: bool `[2, capacity]`, row 0 this rank's empty rows, row 1 rows empty on every rank;
+    rows past a step's requests read as empty everywhere (a graph's padding: FIA is given 0
+    keys there, `attention_cp.py:383-389`). neg_inf: the fp32 -inf the lse is written from.
+    Allocated outside capture (at the eager warm-up vllm-ascend runs before each capture,
+    `cudagraph_num_of_warmups = 1`, platform.py:533; vLLM captures the largest size first),
+    and never reallocated once a graph has read it."""
+
+    def __init__(self, capacity: int, device):
+        import torch
+
+        self.masks = torch.ones((2, capacity), dtype=torch.bool, device=device)
+        self.neg_inf = torch.full((), float("-inf"), dtype=torch.float32, device=device)
+        self.captured = False
+
+    @property
+    def capacity(self) -> int:
+        return self.masks.shape[1]
+
+    def on(self, device) -> bool:
+        """Whether the masks are on `device` (`npu` names the current one)."""
+        mine = self.masks.device
+        return mine.type == device.type and device.index in (None, mine.index)
+
+    def refresh(self, lengths) -> None:
+        """Write the masks of a step's key counts (int `[bs, pcp, dcp]`), non-blocking."""
+        import torch
+
+        host = numpy.ones((2, self.capacity), dtype=bool)
+        rows = min(len(lengths), self.capacity)
+        if rows:
+            host[0, :rows], host[1, :rows] = rank_and_all_empty(numpy.asarray(lengths)[:rows])
+        self.masks.copy_(torch.from_numpy(host), non_blocking=True)
+
+
+_graph_masks: GraphMasks | None = None
+# Whether a decode step can leave a rank without keys (module docstring), settled when the
+# first caller module is patched, from the vLLM config being loaded; None: not known (masks).
+_decode_shards_can_be_empty: bool | None = None
+
+
+def _capturing() -> bool:
+    import torch
+
+    capturing = getattr(getattr(torch, "npu", None), "is_current_stream_capturing", None)
+    return capturing is not None and bool(capturing())
+
+
+def rank_and_all_empty(lengths):
+    """(this rank's rows without keys, rows without keys on every rank) of int `[bs, pcp, dcp]`
+    key counts, as bool numpy `[bs]` arrays."""
+    dcp, pcp = cp_group_coordinators()
+    local = lengths[:, pcp.rank_in_group, dcp.rank_in_group] == 0
+    everywhere = (lengths == 0).reshape(len(lengths), -1).all(axis=1)
+    return local, everywhere
+
+
+def decode_shards_can_be_empty(config) -> bool:
+    """Whether a decode step (at least 2 tokens per sequence) can leave a CP rank without
+    keys under `config` (a VllmConfig, or None: assume it can)."""
+    if config is None:
+        return True
+    parallel = config.parallel_config
+    ranks = parallel.decode_context_parallel_size * parallel.prefill_context_parallel_size
+    return (ranks - 1) * parallel.cp_kv_cache_interleave_size >= 2
+
+
 def local_kv_lengths(num_tokens: int):
     """Every CP rank's key count per decode request of this step, as vllm-ascend's CP builder
     computed it: int `[bs, pcp, dcp]` (`decode_meta.num_computed_tokens_of_pcp_dcp`, the lengths
@@ -119,26 +203,63 @@ def empty_shard_masks(num_tokens: int, device) -> tuple[object, object]:
     of the capture (there the merge runs as vllm-ascend's does, on what FIA wrote)."""
     import torch
 
-    capturing = getattr(getattr(torch, "npu", None), "is_current_stream_capturing", None)
-    if capturing is not None and capturing():
+    if _capturing():
         return None, None
     global _step_masks
     step = local_kv_lengths(num_tokens)
     if step is None:
         return None, None
+    _reserve_graph_masks(num_tokens, device)
     if _step_masks is not None and _step_masks[0] is step and _step_masks[1:3] == (
         num_tokens, device
     ):
         return _step_masks[3]
-    lengths = numpy.asarray(step)[:num_tokens]
-    dcp, pcp = cp_group_coordinators()
-    local = lengths[:, pcp.rank_in_group, dcp.rank_in_group] == 0
-    everywhere = (lengths == 0).reshape(num_tokens, -1).all(axis=1)
+    local, everywhere = rank_and_all_empty(numpy.asarray(step)[:num_tokens])
     masks = tuple(
         torch.from_numpy(rows).to(device) if rows.any() else None for rows in (local, everywhere)
     )
     _step_masks = (step, num_tokens, device, masks)
     return masks
+
+
+def _reserve_graph_masks(num_tokens: int, device) -> None:
+    """At an eager decode step (the warm-up before a capture is one): make the graph masks
+    hold `num_tokens` rows, unless no graph needs them or one already reads them."""
+    global _graph_masks
+    if _decode_shards_can_be_empty is False or device.type != "npu":
+        return
+    if _graph_masks is None or (not _graph_masks.captured and _graph_masks.capacity < num_tokens):
+        _graph_masks = GraphMasks(num_tokens, device)
+
+
+def graph_masks(num_tokens: int, device):
+    """While a graph is captured: (this rank's empty rows, rows empty everywhere) as views of
+    `GraphMasks`, and its -inf; (None, None, None) where no decode step can leave a rank
+    without keys, or (with a warning) where no masks were reserved for `num_tokens` rows."""
+    if _decode_shards_can_be_empty is False:
+        return None, None, None
+    holder = _graph_masks
+    if holder is None or holder.capacity < num_tokens or not holder.on(device):
+        logger.warning_once(
+            "vllm-npu-ext: no empty-shard masks for a %d-row decode graph (none reserved at "
+            "an eager step before it); it merges what FIA wrote for a rank without keys",
+            num_tokens,
+        )
+        return None, None, None
+    holder.captured = True
+    return holder.masks[0, :num_tokens], holder.masks[1, :num_tokens], holder.neg_inf
+
+
+def _refresh_graph_masks(metadata) -> None:
+    """After the CP builder's build: the step's masks into `GraphMasks`, for the graphs."""
+    holder = _graph_masks
+    decode = getattr(metadata, "decode_meta", None)
+    lengths = getattr(decode, "num_computed_tokens_of_pcp_dcp", None)
+    if holder is None or not holder.captured or _capturing():
+        return
+    if lengths is None:  # a step without decodes: every row empty (such a step replays none)
+        lengths = numpy.zeros((0, 1, 1), dtype=numpy.int64)
+    holder.refresh(lengths)
 
 
 def process_attn_out_lse(attn_output, softmax_lse):
@@ -148,12 +269,23 @@ def process_attn_out_lse(attn_output, softmax_lse):
     rank holds no key is sent as out 0, lse -inf (`empty_shard_masks`), whatever FIA wrote.
     Returns fp32 `[pcp*dcp, bs, H, D+1]` (see `vllm_npu_ext.ops.cp_merge`).
     """
+    from vllm_npu_ext.ops.attention_update import merge_reads_empty_out
     from vllm_npu_ext.ops.cp_merge import exchange, group_size, pack_out_lse
 
     global _rows_without_keys
-    empty, _rows_without_keys = empty_shard_masks(attn_output.shape[0], attn_output.device)
+    rows, device = attn_output.shape[0], attn_output.device
+    neg_inf, zero_out = None, True
+    if _capturing():
+        empty, _rows_without_keys, neg_inf = graph_masks(rows, device)
+        zero_out = merge_reads_empty_out(_merge_kernel, device)
+        if not zero_out:
+            _rows_without_keys = None  # our merge gives 0 there itself
+    else:
+        empty, _rows_without_keys = empty_shard_masks(rows, device)
     dcp_group, pcp_group = _device_groups()
-    buffer = pack_out_lse(attn_output, softmax_lse, group_size(dcp_group), empty)
+    buffer = pack_out_lse(
+        attn_output, softmax_lse, group_size(dcp_group), empty, neg_inf=neg_inf, zero_out=zero_out
+    )
     return exchange(buffer, dcp_group, pcp_group)
 
 
@@ -219,17 +351,64 @@ def patch_module(module: ModuleType) -> bool:
             "vllm-npu-ext: CP merge patch not applied, vllm-ascend left as is: %s", problem
         )
         return False
-    if patches.refusals(NAME, lambda target: getattr(module, target.rpartition(":")[2])):
+    builder = getattr(module, BUILDER, None)
+    targets = [target for target in patches.PATCHES[NAME].pins
+               if target.startswith((COMMON_MODULE + ":", module.__name__ + ":"))]  # fmt: skip
+    if patches.refusals(NAME, lambda target: _pinned_object(module, target), targets):
         return False
     _choose_merge_kernel()
+    _settle_empty_shards()
     setattr(module, PATCHED_MARKER, {name: getattr(module, name) for name in REPLACEMENTS})
     for name, replacement in REPLACEMENTS.items():
         setattr(module, name, replacement)
+    if builder is not None and "build" in vars(builder):
+        setattr(builder, BUILDER_MARKER, builder.build)
+        builder.build = _refreshing_masks(builder.build)
     logger.info(
         "vllm-npu-ext: %s CP decode merge -> vllm_npu_ext.attention_update", module.__name__
     )
     _register_graph_converter()
     return True
+
+
+def _pinned_object(module: ModuleType, target: str):
+    """The object a pin names, as `module` (a caller) holds it: the pair as it imported it,
+    its own classes' methods by qualified name."""
+    qualname = target.rpartition(":")[2]
+    if target.startswith(COMMON_MODULE + ":"):
+        return getattr(module, qualname)
+    owner = module
+    for part in qualname.split("."):
+        owner = getattr(owner, part)
+    return owner
+
+
+def _refreshing_masks(build):
+    """vllm-ascend's CP builder `build`, then the step's masks into `GraphMasks`."""
+
+    @functools.wraps(build)
+    def build_and_refresh_masks(self, *args, **kwargs):
+        metadata = build(self, *args, **kwargs)
+        _refresh_graph_masks(metadata)
+        return metadata
+
+    return build_and_refresh_masks
+
+
+def _settle_empty_shards() -> None:
+    global _decode_shards_can_be_empty
+    if _decode_shards_can_be_empty is None:
+        from vllm.config import get_current_vllm_config_or_none
+
+        config = get_current_vllm_config_or_none()
+        _decode_shards_can_be_empty = decode_shards_can_be_empty(config)
+        if config is not None:
+            logger.info(
+                "vllm-npu-ext: CP decode graphs %s empty-shard masks (a decode step %s leave "
+                "a rank without keys at this CP size and cp_kv_cache_interleave_size)",
+                "carry" if _decode_shards_can_be_empty else "need no",
+                "can" if _decode_shards_can_be_empty else "cannot",
+            )
 
 
 def _choose_merge_kernel() -> None:
@@ -255,6 +434,10 @@ def unpatch_module(module: ModuleType) -> None:
         setattr(module, name, original)
     if hasattr(module, PATCHED_MARKER):
         delattr(module, PATCHED_MARKER)
+    builder = getattr(module, BUILDER, None)
+    if builder is not None and BUILDER_MARKER in vars(builder):
+        builder.build = vars(builder)[BUILDER_MARKER]
+        delattr(builder, BUILDER_MARKER)
 
 
 class PatchOnImport(on_import.PatchOnImport):
@@ -294,9 +477,9 @@ def install() -> list[str]:
 
 def uninstall() -> None:
     """Remove the import hook and restore every patched module."""
-    global _merge_kernel
+    global _merge_kernel, _graph_masks, _decode_shards_can_be_empty
     on_import.uninstall(PatchOnImport)
-    _merge_kernel = None
+    _merge_kernel = _graph_masks = _decode_shards_can_be_empty = None
     for name in CALLER_MODULES:
         if name in sys.modules:
             unpatch_module(sys.modules[name])
