@@ -198,6 +198,38 @@ def test_patched_merge_gives_zero_for_a_request_without_keys_whatever_fia_wrote(
     assert vllm_ascend_cp._rows_without_keys is None  # used by this merge only
 
 
+def chunked_context(lengths, query_lens, total):
+    """vllm-ascend's chunked-context metadata as the CP builder makes it
+    (`attention_cp.py:160-203`): every rank's context lengths `[reqs, pcp, dcp]`, the
+    cumulative query lengths FIA takes, this rank's total of context keys."""
+    return SimpleNamespace(prefill=SimpleNamespace(chunked_context=SimpleNamespace(
+        local_context_lens_allranks=torch.tensor(lengths, dtype=torch.int32),
+        actual_chunk_seq_lengths=torch.cumsum(torch.tensor(query_lens), dim=0),
+        local_total_toks=total,
+    )))  # fmt: skip
+
+
+def test_a_context_chunk_sends_a_request_without_context_here_as_zero():
+    """DCP rank 1 of 2: request 0 has context here, request 1 on rank 0 only (FIA's rows for
+    its 0 keys here: NaN, lse 50), request 2 none anywhere (vllm-ascend drops its rows after
+    the merge: left alone). Request 1's rows go out as 0 / -inf; the others as FIA wrote them."""
+    out, lse = torch.randn(6, 4, 64), torch.randn(6, 4, 1)
+    out[2:], lse[2:] = float("nan"), 50.0
+    wrapped = vllm_ascend_cp._masking_empty_context(lambda self, q, kv, meta: (out, lse))
+    rank = SimpleNamespace(pcp_rank=0, dcp_rank=1)
+    metadata = chunked_context([[[4, 3]], [[1, 0]], [[0, 0]]], [2, 3, 1], total=3)
+    masked_out, masked_lse = wrapped(rank, None, None, metadata)
+    assert torch.all(masked_out[2:5] == 0) and masked_lse[2:5].isneginf().all()
+    torch.testing.assert_close(masked_out[:2], out[:2])
+    torch.testing.assert_close(masked_lse[:2], lse[:2])
+    assert masked_out[5].isnan().all() and torch.all(masked_lse[5] == 50.0)
+    # No request without context here, or no FIA at all (vllm-ascend's 0 / -inf): untouched.
+    for lengths, total in (([[[4, 3]], [[1, 2]], [[0, 0]]], 5), ([[[4, 0]], [[1, 0]]], 0)):
+        result = wrapped(rank, None, None, chunked_context(lengths, [2, 3, 1][:len(lengths)],
+                                                           total))  # fmt: skip
+        assert result[0] is out and result[1] is lse
+
+
 # --- where and when the patch applies -------------------------------------------------
 
 COMMON_CP = """
@@ -221,18 +253,24 @@ def forward_decode(attn_out, attn_lse, head_size):
 """
 
 
-BUILDER = """
+WRAPPED = """
 
 class AscendAttentionCPMetadataBuilder:
     def build(self, common_prefix_len, common_attn_metadata):
         return common_attn_metadata
+
+
+class AscendAttentionCPImpl:
+    def _compute_prefill_context(self, query, kv_cache, attn_metadata):
+        return "original"
 """
 
 
 def fake_source_hashes(update_params="head_size, attn_out_lse") -> list[str]:
     source = COMMON_CP.format(params=update_params)
     return [pins.source_hash_in_module(source, name) for name in vllm_ascend_cp.REPLACEMENTS] + [
-        pins.source_hash_in_module(BUILDER, f"{vllm_ascend_cp.BUILDER}.build")
+        pins.source_hash_in_module(WRAPPED, f"{owner}.{method}")
+        for owner, method in vllm_ascend_cp.WRAPPED.items()
     ]
 
 
@@ -242,7 +280,7 @@ def write_fake_vllm_ascend(root: Path, update_params="head_size, attn_out_lse") 
     for directory in (package, package.parent, package.parent.parent):
         (directory / "__init__.py").write_text("")
     (package / "common_cp.py").write_text(COMMON_CP.format(params=update_params))
-    (package / "attention_cp.py").write_text(textwrap.dedent(CALLER) + BUILDER)
+    (package / "attention_cp.py").write_text(textwrap.dedent(CALLER) + WRAPPED)
     (package / "mla_cp.py").write_text(textwrap.dedent(CALLER))
 
 
@@ -302,6 +340,10 @@ def test_importing_a_cp_caller_patches_it_and_routes_decode_to_our_merge(
     common_cp = sys.modules[vllm_ascend_cp.COMMON_MODULE]
     assert is_patched(attention_cp) and is_patched(mla_cp)
     assert common_cp._npu_attention_update(1, None) == "original"  # the source is untouched
+    for owner, method in vllm_ascend_cp.WRAPPED.items():  # wrapped where defined
+        wrapped = getattr(getattr(attention_cp, owner), method)
+        assert wrapped.__wrapped__ is vars(getattr(attention_cp, owner))[
+            vllm_ascend_cp.WRAPPED_MARKER]  # fmt: skip
     single = (Coordinator(1), Coordinator(1))
     monkeypatch.setattr(vllm_ascend_cp, "cp_group_coordinators", lambda: single)
     attn_out, attn_lse = torch.randn(3, 4, 64), torch.randn(3, 4, 1)
@@ -316,6 +358,10 @@ def test_a_caller_imported_before_install_is_patched_at_install(fake_vllm_ascend
     assert is_patched(attention_cp)
     vllm_ascend_cp.uninstall()
     assert attention_cp.forward_decode(None, None, 8) == "original"
+    impl = attention_cp.AscendAttentionCPImpl
+    assert impl()._compute_prefill_context(None, None, None) == "original"
+    assert not hasattr(impl._compute_prefill_context, "__wrapped__")
+    assert vllm_ascend_cp.WRAPPED_MARKER not in vars(impl)
 
 
 def test_switch_off_leaves_vllm_ascend_alone(fake_vllm_ascend, monkeypatch):

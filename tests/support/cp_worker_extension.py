@@ -79,6 +79,25 @@ def _decode(function):
     return probe
 
 
+def _context_observed(compute):
+    """Counts context-chunk attention calls, and those where FIA ran for a request with
+    context on another rank but none here."""
+
+    @functools.wraps(compute)
+    def probe(self, query, kv_cache, attn_metadata):
+        from vllm_npu_ext.patches import vllm_ascend_cp
+
+        counts["context chunks"] += 1
+        chunked = attn_metadata.prefill.chunked_context
+        rows = vllm_ascend_cp.empty_context_rows(chunked, self.pcp_rank, self.dcp_rank)
+        if chunked.local_total_toks and rows is not None:
+            counts["context chunks with a request without context here"] += 1
+        return compute(self, query, kv_cache, attn_metadata)
+
+    probe.__wrapped_by_cp_probe__ = compute
+    return probe
+
+
 def _masks_observed(refresh):
     """Counts the CP builder's writes of the graph masks, and those where a request of the
     step has no key on this rank."""
@@ -117,6 +136,8 @@ class CPProbe:
             impl = sys.modules[ATTENTION_CP].AscendAttentionCPImpl
             if not hasattr(impl._forward_decode_pcp_dcp, "__wrapped_by_cp_probe__"):
                 impl._forward_decode_pcp_dcp = _decode(impl._forward_decode_pcp_dcp)
+            if not hasattr(impl._compute_prefill_context, "__wrapped_by_cp_probe__"):
+                impl._compute_prefill_context = _context_observed(impl._compute_prefill_context)
         model = self.model_runner.model
         if not hasattr(model.compute_logits, "__wrapped_by_cp_probe__"):
             model.compute_logits = _logits_observed(model.compute_logits)

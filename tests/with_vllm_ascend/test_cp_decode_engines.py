@@ -17,7 +17,10 @@ most two at a time (a TP 2 server is four processes):
   prompt), each generating the prompts twice (the second time from the prefix cache), with
   our merge and, in an engine of its own, vllm-ascend's (a full graph keeps the merge it
   captured); DCP 2 and PCP 2 eager; TP 1 with our plugin and TP 1 stock (our plugin left out
-  of VLLM_PLUGINS), the latter two in-process.
+  of VLLM_PLUGINS), the latter two in-process;
+- a DCP 2 engine at the defaults with cp_kv_cache_interleave_size 16 and prompts that leave
+  rank 1 without keys (`SHORT`), in a context chunk and in decode steps, against the TP 2
+  server's answers to the same prompts.
 
 The eager CP runs (whole prompts in one step, no prefix caching) generate with our merge,
 then in the same engine with vllm-ascend's own pair (the patch undone in every worker). CP
@@ -27,7 +30,7 @@ derived in `support/cp_decode.py`. `enable_cp()` is cached per process
 (`attention/utils.py:123-126`): every configuration is a process of its own.
 
 Run settings and why: `cp_kv_cache_interleave_size` 1 (vLLM's default) and prompts longer
-than pcp x dcp tokens. PCP runs at vLLM's default async scheduling: vllm-ascend's
+than pcp x dcp tokens, except in the `SHORT` engine. PCP runs at vLLM's default async scheduling: vllm-ascend's
 DualChunkSwap padding reads a reused input-batch row's stale -1 placeholders as token ids
 (`worker/model_runner_v1.py:2737-2755`), which our `vllm_ascend_pcp_input_ids` patch sets to
 0 (without it: IndexError on the host at TP 1). Our CANN operator is the stand-in's build of
@@ -63,12 +66,15 @@ from support.server import Server
 from support.vllm_ascend_env import server_env
 
 MERGES = ("ours", "vllm-ascend")
-# Short requests at cp_kv_cache_interleave_size 16: DCP rank 1 holds no key of a sequence of at
-# most 16 tokens (`pcp_utils._get_cp_local_seq_lens`), so with these prompt lengths (the first
-# tokens of the long prompts) it has none for the first request in every decode step, for the
-# second in its first 5, for the third never: empty shards in full decode graphs, mixed in a
-# batch (the graphs carry our empty-shard masks, `patches/vllm_ascend_cp.py`).
-SHORT, INTERLEAVE = (2, 11, 30), 16
+# Requests that leave a rank without keys, at cp_kv_cache_interleave_size 16: DCP rank 1 holds
+# no key of a sequence of at most 16 tokens (`pcp_utils._get_cp_local_seq_lens`). Prompts of
+# (long prompt, first tokens): with a 128-token budget the 40-token one is prefilled 10 + 30
+# and its second chunk's context (10 tokens, none on rank 1) shares a step with the 300-token
+# one's (some on rank 1): rank 1's context FIA runs with 0 keys for it. The 2, 11 and 30-token
+# ones decode with no key on rank 1 for the first in every step, the second in its first 5, the
+# third never: empty shards in full decode graphs, mixed in a batch.
+SHORT = ((0, 758), (2, 40), (1, 300), (0, 2), (1, 11), (2, 30))
+INTERLEAVE, SHORT_BUDGET = 16, 128
 # vLLM's defaults for generation over the common settings: its graph mode (FULL_AND_PIECEWISE),
 # prefix caching and chunked prefill, with a token budget below every prompt.
 DEFAULTS = {"enforce_eager": False, "enable_prefix_caching": True, "enable_chunked_prefill": True,
@@ -94,8 +100,9 @@ ENGINES = {
                               **DEFAULTS}, None, AGAIN, THEIRS, ("vllm-ascend",)),
     # `SHORT` prompts, compared with the TP 2 server's answers to them (`test_short_requests...`)
     "dcp2 interleave 16": ({"tensor_parallel_size": 2, "decode_context_parallel_size": 2,
-                            "cp_kv_cache_interleave_size": INTERLEAVE, **DEFAULTS}, None, (), {},
-                           ("ours",)),
+                            "cp_kv_cache_interleave_size": INTERLEAVE, **DEFAULTS,
+                            "max_num_batched_tokens": SHORT_BUDGET, "max_num_seqs": 8}, None, (),
+                           {}, ("ours",)),
 }  # fmt: skip
 # name -> the server's arguments after the checkpoint, as a user gives them (`vllm-npu-ext serve`
 # generates with CP; vLLM's defaults otherwise), besides `SERVER_TEST_FLAGS`.
@@ -119,7 +126,7 @@ class Runs:
 
     def __init__(self, root, model_dir):
         self.model_dir, self.token_ids = model_dir, prompts(model_dir)
-        self.short_ids = [ids[:length] for ids, length in zip(self.token_ids, SHORT, strict=True)]
+        self.short_ids = [self.token_ids[prompt][:length] for prompt, length in SHORT]
         template = root / "chat.jinja"
         template.write_text(CHAT_TEMPLATE)
         self.root, self.template, self.results, self.seconds = root, template, {}, {}
@@ -309,37 +316,42 @@ def test_engines_at_vllms_defaults_decode_in_full_graphs_with_the_merge_inside(r
                 assert worker["our CANN operator"] == 0, worker
 
 
-def test_short_requests_without_keys_on_a_rank_decode_in_full_graphs_as_without_cp(runs):
-    """TP 2 DCP 2 at vLLM's defaults with cp_kv_cache_interleave_size 16 and `SHORT` prompts:
-    in most decode steps DCP rank 1 holds no key of one or two of the three requests, and FIA's
-    result for them is undefined (the stand-in's: NaN rows). The full decode graphs carry our
-    empty-shard masks, written by the CP builder before each step: tokens equal to the TP 2
-    server's wherever its margin is clear, logprobs within the bound. Read from the workers:
-    full-graph replays with FIA task updates, the masked lse write captured, masks written
-    every step, on rank 1 with a request without keys."""
+def test_requests_without_keys_on_a_rank_generate_as_without_cp(runs):
+    """TP 2 DCP 2 at vLLM's defaults with cp_kv_cache_interleave_size 16, a 128-token budget
+    and the `SHORT` prompts: rank 1 runs context FIA for a request without context there, and
+    in most decode steps paged FIA for requests without keys there; FIA's result for those is
+    undefined (the stand-in's: NaN rows). Our patch sends them as 0 / -inf: in the context
+    chunk (its wrap of `_compute_prefill_context`) and in the full decode graphs (the masks the
+    CP builder writes before each step). Tokens equal to the TP 2 server's wherever its margin
+    is clear, logprobs within the bound. Read from the workers: the context chunk with such a
+    request, full-graph replays with FIA task updates, the masked lse write captured, masks
+    written every step, on rank 1 with a request without keys."""
     layers, name = 2, "dcp2 interleave 16"
     run, baseline = runs[name], runs["tp2"]["short"]
     assert run["cudagraph_mode"] == "FULL_AND_PIECEWISE" and run["async_scheduling"] is True
     ours = run_of(runs, name, "ours")
     result = compare(ours, baseline, largest_logit(ours["workers"], baseline["workers"]))
-    print(f"{name} vs the TP 2 server, short prompts {SHORT}: {result.compared} steps compared, "
-          f"{result.clear} clear, worst |d logprob| {result.worst_logprob:.4f} "
+    print(f"{name} vs the TP 2 server, prompts {[n for _, n in SHORT]}: {result.compared} steps "
+          f"compared, {result.clear} clear, worst |d logprob| {result.worst_logprob:.4f} "
           f"(bound {result.bound:.4f})")  # fmt: skip
     assert not result.unequal_clear and not result.over_bound, result
-    assert result.clear >= MAX_TOKENS, result
+    assert result.clear >= 3 * MAX_TOKENS, result
     for worker in ours["workers"]:
         print(f"{name}, a worker: {worker['graph replays']} graph replays, "
               f"{worker['FIA task updates']} FIA task updates, masked lse captured "
               f"{worker['captured: masked lse']}, masks written {worker['graph masks written']}"
               f" ({worker.get('graph masks written with a request without keys here', 0)} with a "
-              "request without keys here)")  # fmt: skip
+              f"request without keys here); context chunks {worker['context chunks']} "
+              f"({worker.get('context chunks with a request without context here', 0)} with a "
+              "request without context here)")  # fmt: skip
         assert worker["FIA task updates"] >= layers and worker["graph replays"] > 0, worker
         assert worker["captured: masked lse"] >= layers, worker
         assert worker["captured: our operator"] >= layers, worker
         assert worker["graph masks written"] >= MAX_TOKENS - 1, worker
-    without_keys = [w.get("graph masks written with a request without keys here", 0)
-                    for w in ours["workers"]]  # fmt: skip
-    assert sorted(without_keys)[0] == 0 and sorted(without_keys)[-1] >= MAX_TOKENS - 1, ours
+    for probe, least in (("graph masks written with a request without keys here", MAX_TOKENS - 1),
+                         ("context chunks with a request without context here", layers)):
+        counts = sorted(worker.get(probe, 0) for worker in ours["workers"])
+        assert counts[0] == 0 and counts[-1] >= least, (probe, counts)  # rank 1's, not rank 0's
 
 
 def test_the_cp_server_at_vllms_defaults_decodes_in_full_graphs_through_our_merge(runs):

@@ -136,12 +136,14 @@ PATCHES: dict[str, Patch] = {patch.name: patch for patch in (
         name="vllm_ascend_cp",
         target=f"{_COMMON_CP}._process_attn_out_lse and ._npu_attention_update, as "
                "attention_cp and mla_cp import them; attention_cp's "
-               "AscendAttentionCPMetadataBuilder.build (wrapped)",
+               "AscendAttentionCPMetadataBuilder.build and "
+               "AscendAttentionCPImpl._compute_prefill_context (wrapped)",
         why="vllm-ascend merges CP decode results through per-shard lists and a permute copy",
         how="an import hook (on_import.py, first on sys.meta_path) replaces the pair in the two "
             "caller modules when vllm-ascend imports them, i.e. in CP workers only; the merge "
             "kernel is chosen once, then; the builder's build also writes the step's "
-            "empty-shard masks for full decode graphs (vllm_ascend_cp.py)",
+            "empty-shard masks for full decode graphs, and a context chunk's rows of a request "
+            "without context on the rank are sent as 0 / -inf (vllm_ascend_cp.py)",
         switch=envs.CP_PATCH,
         when=REGISTER,
         remove_when="vllm-ascend merges CP results from tensors with one operator call",
@@ -163,6 +165,10 @@ PATCHES: dict[str, Patch] = {patch.name: patch for patch in (
             f"{_CP_PACKAGE}.attention_cp:AscendAttentionCPMetadataBuilder.build": {
                 VLLM_ASCEND_0_23:
                     "4aeb3f13a2f9558833be8b9a8e468df7c5e65784b9e1c7797c0e5a96189b6f66",
+            },
+            f"{_CP_PACKAGE}.attention_cp:AscendAttentionCPImpl._compute_prefill_context": {
+                VLLM_ASCEND_0_23:
+                    "f8acec23073d50cfc99064d7369293ce0e8d9fcf6237ec13d8eb349fd4ffe07c",
             },
         },
         verified_by_patch=True,

@@ -29,7 +29,14 @@ decode step can leave a rank without keys: rank r holds none while the sequence 
 r * interleave tokens (`pcp_utils._get_cp_local_seq_lens`), and a decode step's sequence has at
 least 2, so with (pcp*dcp - 1) * cp_kv_cache_interleave_size < 2 (DCP or PCP 2 at interleave 1,
 vLLM's default) the graph is left as vllm-ascend's (its padding rows, 0 keys everywhere, are
-discarded).
+discarded). MLA (`mla_cp`) gets the pair without masks: its metadata carries no key counts here.
+
+The same holds for a prefill chunk's context: vllm-ascend runs FIA over each rank's part of the
+requests' context and merges the ranks' results (`_update_out_and_lse`, which reads every
+shard's out); a request with context on another rank but none here (a first chunk shorter than
+the CP group, or than interleave x rank) gets FIA's result for 0 keys. `_compute_prefill_context`
+is wrapped to send those rows as out 0, lse -inf (`_masking_empty_context`; eager, as prefill
+attention always is).
 
 When it applies. vLLM 0.23 loads general plugins in `WorkerWrapperBase.init_worker` before
 the worker exists, with the config only in a local variable: the DCP/PCP sizes are not
@@ -73,9 +80,13 @@ TARGET_SIGNATURES = {
     "_process_attn_out_lse": ("attn_output", "softmax_lse"),
     "_npu_attention_update": ("head_size", "attn_out_lse"),
 }
-# Wrapped (attention_cp only, where it is defined) to refresh the graph masks every step.
-BUILDER = "AscendAttentionCPMetadataBuilder"
-BUILDER_MARKER = "__vllm_npu_ext_cp_build__"
+# Wrapped where defined (attention_cp): the CP builder's build, to refresh the graph masks
+# every step, and the context chunk's attention, to mask requests without context here.
+WRAPPED = {
+    "AscendAttentionCPMetadataBuilder": "build",
+    "AscendAttentionCPImpl": "_compute_prefill_context",
+}
+WRAPPED_MARKER = "__vllm_npu_ext_cp_wrapped__"
 PATCHED_MARKER = "__vllm_npu_ext_cp_originals__"
 
 
@@ -351,7 +362,6 @@ def patch_module(module: ModuleType) -> bool:
             "vllm-npu-ext: CP merge patch not applied, vllm-ascend left as is: %s", problem
         )
         return False
-    builder = getattr(module, BUILDER, None)
     targets = [target for target in patches.PATCHES[NAME].pins
                if target.startswith((COMMON_MODULE + ":", module.__name__ + ":"))]  # fmt: skip
     if patches.refusals(NAME, lambda target: _pinned_object(module, target), targets):
@@ -361,9 +371,11 @@ def patch_module(module: ModuleType) -> bool:
     setattr(module, PATCHED_MARKER, {name: getattr(module, name) for name in REPLACEMENTS})
     for name, replacement in REPLACEMENTS.items():
         setattr(module, name, replacement)
-    if builder is not None and "build" in vars(builder):
-        setattr(builder, BUILDER_MARKER, builder.build)
-        builder.build = _refreshing_masks(builder.build)
+    for class_name, method in WRAPPED.items():
+        owner = getattr(module, class_name, None)
+        if owner is not None and method in vars(owner):
+            setattr(owner, WRAPPED_MARKER, vars(owner)[method])
+            setattr(owner, method, WRAPPERS[method](vars(owner)[method]))
     logger.info(
         "vllm-npu-ext: %s CP decode merge -> vllm_npu_ext.attention_update", module.__name__
     )
@@ -393,6 +405,48 @@ def _refreshing_masks(build):
         return metadata
 
     return build_and_refresh_masks
+
+
+def _masking_empty_context(compute):
+    """vllm-ascend's `_compute_prefill_context` (FIA of a prefill chunk's queries over this
+    rank's part of their context), then the rows of a request with context on another rank
+    but none here sent as out 0, lse -inf, whatever FIA wrote for its 0 keys (vllm-ascend
+    merges them with `_update_out_and_lse`, which reads them; requests without context
+    anywhere are dropped after it, `chunk_seq_mask_filtered_indices`)."""
+
+    @functools.wraps(compute)
+    def compute_prefill_context(self, query, kv_cache, attn_metadata):
+        output, lse = compute(self, query, kv_cache, attn_metadata)
+        chunked = attn_metadata.prefill.chunked_context
+        if not chunked.local_total_toks:  # no FIA ran: vllm-ascend returned 0 / -inf
+            return output, lse
+        rows = empty_context_rows(chunked, self.pcp_rank, self.dcp_rank)
+        if rows is None:
+            return output, lse
+        rows = rows.to(output.device).view(-1, 1, 1)
+        return output.masked_fill(rows, 0.0), lse.masked_fill(rows, float("-inf"))
+
+    return compute_prefill_context
+
+
+def empty_context_rows(chunked, pcp_rank: int, dcp_rank: int):
+    """Bool host `[query tokens]`: the tokens of requests with context on another rank but
+    none on this one, from vllm-ascend's chunked-context metadata (`local_context_lens_allranks`
+    `[reqs, pcp, dcp]`, `actual_chunk_seq_lengths` the cumulative query lengths FIA took);
+    None when there is no such request."""
+    import torch
+
+    lengths = chunked.local_context_lens_allranks.cpu()
+    somewhere = lengths.flatten(1).sum(dim=1) > 0
+    empty = (lengths[:, pcp_rank, dcp_rank] == 0) & somewhere
+    if not bool(empty.any()):
+        return None
+    ends = torch.as_tensor(chunked.actual_chunk_seq_lengths).cpu().long()
+    tokens = torch.diff(ends, prepend=ends.new_zeros(1))
+    return torch.repeat_interleave(empty, tokens)
+
+
+WRAPPERS = {"build": _refreshing_masks, "_compute_prefill_context": _masking_empty_context}
 
 
 def _settle_empty_shards() -> None:
@@ -434,10 +488,11 @@ def unpatch_module(module: ModuleType) -> None:
         setattr(module, name, original)
     if hasattr(module, PATCHED_MARKER):
         delattr(module, PATCHED_MARKER)
-    builder = getattr(module, BUILDER, None)
-    if builder is not None and BUILDER_MARKER in vars(builder):
-        builder.build = vars(builder)[BUILDER_MARKER]
-        delattr(builder, BUILDER_MARKER)
+    for class_name, method in WRAPPED.items():
+        owner = getattr(module, class_name, None)
+        if owner is not None and WRAPPED_MARKER in vars(owner):
+            setattr(owner, method, vars(owner)[WRAPPED_MARKER])
+            delattr(owner, WRAPPED_MARKER)
 
 
 class PatchOnImport(on_import.PatchOnImport):
