@@ -18,6 +18,7 @@ most two at a time (a TP 2 server is four processes):
   our merge and, in an engine of its own, vllm-ascend's (a full graph keeps the merge it
   captured); DCP 2 and PCP 2 eager; TP 1 with our plugin and TP 1 stock (our plugin left out
   of VLLM_PLUGINS), the latter two in-process;
+- a DCP 2 engine in FULL_DECODE_ONLY (npugraph_ex off), against the TP 2 server;
 - a DCP 2 engine at the defaults with cp_kv_cache_interleave_size 16 and prompts that leave
   rank 1 without keys (`SHORT`), in a context chunk and in decode steps, against the TP 2
   server's answers to the same prompts.
@@ -30,11 +31,12 @@ derived in `support/cp_decode.py`. `enable_cp()` is cached per process
 (`attention/utils.py:123-126`): every configuration is a process of its own.
 
 Run settings and why: `cp_kv_cache_interleave_size` 1 (vLLM's default) and prompts longer
-than pcp x dcp tokens, except in the `SHORT` engine. PCP runs at vLLM's default async scheduling: vllm-ascend's
-DualChunkSwap padding reads a reused input-batch row's stale -1 placeholders as token ids
-(`worker/model_runner_v1.py:2737-2755`), which our `vllm_ascend_pcp_input_ids` patch sets to
-0 (without it: IndexError on the host at TP 1). Our CANN operator is the stand-in's build of
-it (VLLM_NPU_EXT_EMULATE_OPS=1, the default under VLLM_NPU_EXT_EMULATE=1).
+than pcp x dcp tokens, except in the `SHORT` engine. PCP runs at vLLM's default async
+scheduling: vllm-ascend's DualChunkSwap padding reads a reused input-batch row's stale -1
+placeholders as token ids (`worker/model_runner_v1.py:2737-2755`), which our
+`vllm_ascend_pcp_input_ids` patch sets to 0 (without it: IndexError on the host at TP 1).
+Our CANN operator is the stand-in's build of it (VLLM_NPU_EXT_EMULATE_OPS=1, the default
+under VLLM_NPU_EXT_EMULATE=1).
 """
 
 from __future__ import annotations
@@ -79,6 +81,10 @@ INTERLEAVE, SHORT_BUDGET = 16, 128
 # prefix caching and chunked prefill, with a token budget below every prompt.
 DEFAULTS = {"enforce_eager": False, "enable_prefix_caching": True, "enable_chunked_prefill": True,
             "max_num_batched_tokens": CHUNK_BUDGET}  # fmt: skip
+FULL_DECODE_ONLY = {
+    "compilation_config": {"cudagraph_mode": "FULL_DECODE_ONLY"},
+    "additional_config": {"ascend_compilation_config": {"enable_npugraph_ex": False}},
+}
 AGAIN = ("--rounds", "2")  # the prompts generated twice: the second time, prefix-cache hits
 THEIRS = {"VLLM_NPU_EXT_CP_PATCH": "0"}  # vllm-ascend's own merge from the start
 # name -> (engine args, baseline run, extra worker flags, extra environment, merges run).
@@ -98,7 +104,11 @@ ENGINES = {
                       **DEFAULTS}, "tp2", AGAIN, {}, ("ours",)),
     "dcp2 default, theirs": ({"tensor_parallel_size": 2, "decode_context_parallel_size": 2,
                               **DEFAULTS}, None, AGAIN, THEIRS, ("vllm-ascend",)),
-    # `SHORT` prompts, compared with the TP 2 server's answers to them (`test_short_requests...`)
+    # FULL_DECODE_ONLY with npugraph_ex off (vllm-ascend's default for it compiles with
+    # npugraph_ex, which the stand-in does not emulate): one unsplit graph per decode size.
+    "dcp2 full decode only": ({"tensor_parallel_size": 2, "decode_context_parallel_size": 2,
+                               **DEFAULTS, **FULL_DECODE_ONLY}, "tp2", (), {}, ("ours",)),
+    # `SHORT` prompts, compared with the TP 2 server's answers to them
     "dcp2 interleave 16": ({"tensor_parallel_size": 2, "decode_context_parallel_size": 2,
                             "cp_kv_cache_interleave_size": INTERLEAVE, **DEFAULTS,
                             "max_num_batched_tokens": SHORT_BUDGET, "max_num_seqs": 8}, None, (),
@@ -233,7 +243,9 @@ def merges_of(name):
     server ours (what its full decode graphs captured)."""
     if name in SERVERS:
         return ("ours",)
-    return (*MERGES, *(f"{m}, again" for m in MERGES)) if name in DEFAULT_RUNS else MERGES
+    if name in DEFAULT_RUNS:
+        return (*MERGES, *(f"{m}, again" for m in MERGES))
+    return ENGINES[name][4]
 
 
 @pytest.mark.parametrize("name", CP_RUNS)
@@ -251,7 +263,8 @@ def test_cp_generation_equals_the_non_cp_baseline_where_the_margin_is_clear(runs
         assert result.clear >= MAX_TOKENS, result  # not vacuous: a request's worth at least
 
 
-@pytest.mark.parametrize("name", [name for name in CP_RUNS if name not in SERVERS])
+@pytest.mark.parametrize("name", [n for n in CP_RUNS if n not in SERVERS and "theirs" not in n
+                                  and (n in DEFAULT_RUNS or ENGINES[n][4] == MERGES)])
 def test_our_merge_and_vllm_ascends_generate_alike_in_one_engine(runs, name):
     for again in ("", ", again") if name in DEFAULT_RUNS else ("",):
         ours, theirs = run_of(runs, name, "ours" + again), run_of(runs, name, "vllm-ascend" + again)
@@ -314,6 +327,25 @@ def test_engines_at_vllms_defaults_decode_in_full_graphs_with_the_merge_inside(r
             else:
                 assert captured_list >= layers and captured_ours == 0, worker
                 assert worker["our CANN operator"] == 0, worker
+
+
+def test_full_decode_only_decodes_in_one_graph_per_size_with_our_merge_inside(runs):
+    """FULL_DECODE_ONLY (npugraph_ex off): no piecewise graphs, prefill eager, decode in full
+    graphs of the whole model. Read from each worker: full-graph replays with FIA task
+    updates, our operator captured and run in every decode step, TensorList never captured."""
+    layers, name = 2, "dcp2 full decode only"
+    run = runs[name]
+    assert run["cudagraph_mode"] == "FULL_DECODE_ONLY" and run["async_scheduling"] is True
+    for worker in run_of(runs, name, "ours")["workers"]:
+        print(f"{name}, a worker: {worker['graph replays']} graph replays, "
+              f"{worker['FIA task updates']} FIA task updates, our operator captured "
+              f"{worker['captured: our operator']}, run {worker['our CANN operator']} times")
+        assert worker["merge patched"] is True, worker
+        assert worker["graph replays"] >= MAX_TOKENS - 1, worker
+        assert worker["FIA task updates"] == layers * worker["graph replays"], worker
+        assert worker["captured: our operator"] >= layers, worker
+        assert worker["captured: TensorList npu_attention_update"] == 0, worker
+        assert worker["our CANN operator"] >= layers * (MAX_TOKENS - 1), worker
 
 
 def test_requests_without_keys_on_a_rank_generate_as_without_cp(runs):

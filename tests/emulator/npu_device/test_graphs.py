@@ -200,6 +200,47 @@ def test_a_stand_in_kernel_in_vllm_namespace_is_one_launch():
     assert graph.operators == ["vllm.graphs_test_gather.default"]
 
 
+_library.define("graphs_test_scale_(Tensor(a!) out, Tensor x) -> ()")
+
+
+def _scale_(out, x):
+    out.copy_(x * 3)
+
+
+_library.impl("graphs_test_scale_", _scale_, "PrivateUse1")
+
+
+def test_auto_functionalized_operators_are_captured_as_the_kernels_they_run():
+    """An FX graph compiled without splitting (FULL_DECODE_ONLY) wraps vLLM's mutating custom
+    operators in torch's auto_functionalized(_v2): the graph holds what their dense kernel
+    runs (a clone of the mutated argument, then the operator's own kernels), replayed on new
+    inputs; another higher-order operator is refused by name."""
+    from torch._higher_order_ops.auto_functionalize import (
+        auto_functionalized,
+        auto_functionalized_v2,
+    )
+
+    op = torch.ops.vllm.graphs_test_scale_.default
+    calls = {
+        "v1": lambda x, out: auto_functionalized(op, out=out, x=x)[1],
+        "v2": lambda x, out: auto_functionalized_v2(op, x=x, _out_base_index=0,
+                                                    _all_bases=[out])[1],
+    }  # fmt: skip
+    for name, call in calls.items():
+        x, out = torch.randn(5, device="npu"), torch.zeros(5, device="npu")
+        graph, result = capture(call, x, out)
+        kernels = ["aten.clone.default", "aten.mul.Tensor", "aten.copy_.default"]
+        assert graph.operators == kernels, name
+        new = torch.randn(5)
+        x.copy_(new)
+        graph.replay()
+        torch.testing.assert_close(result.cpu(), new * 3, msg=name)
+        assert torch.all(out.cpu() == 0), name  # functional: the argument itself untouched
+    with pytest.raises(NotImplementedError, match="higher-order operator cond"):
+        capture(lambda x: torch.cond(x.sum() > 0, lambda v: v + 1, lambda v: v - 1, (x,)),
+                torch.randn(3, device="npu"))  # fmt: skip
+
+
 def test_allocations_are_not_replayed():
     """`new_empty` is memory, not a kernel: a replay must not overwrite what the graph's other
     kernels wrote into it (its fresh result holds whatever memory held)."""

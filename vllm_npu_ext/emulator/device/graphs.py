@@ -186,13 +186,40 @@ class _Entry:
                 target.copy_(fresh)
 
 
+def _hop_kernels() -> dict[str, Any]:
+    """Higher-order operators a capture may meet, with the implementation each runs eagerly:
+    torch's `auto_functionalized(_v2)` (an FX graph compiled without splitting wraps vLLM's
+    mutating custom operators in them, e.g. its attention with output), whose dense kernel
+    (`torch/_higher_order_ops/auto_functionalize.py`, registered for CompositeExplicitAutograd)
+    clones the mutated arguments and calls the operator. The device graph holds what that
+    kernel launches, so it is entered and recorded."""
+    from torch._higher_order_ops import auto_functionalize
+
+    return {
+        "auto_functionalized": auto_functionalize.auto_functionalized_dense,
+        "auto_functionalized_v2": auto_functionalize.auto_functionalized_v2_dense,
+    }
+
+
 class _Recorder(TorchDispatchMode):
+    # Higher-order operators reach `__torch_dispatch__` (torch/_ops.py: else they raise).
+    supports_higher_order_operators = True
+
     def __init__(self, graph: NPUGraph) -> None:
         super().__init__()
         self.graph = graph
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            kernel = _hop_kernels().get(func.name())
+            if kernel is None:
+                raise NotImplementedError(
+                    f"the stand-in's NPU graph capture does not take the higher-order operator "
+                    f"{func.name()}"
+                )
+            with self:
+                return kernel(*args, **kwargs)
         op = func._schema.name
         key = _host_code(func)
         if key is not None:  # record the device operators it issues, not the host code
