@@ -223,6 +223,13 @@ def test_a_context_chunk_sends_a_request_without_context_here_as_zero():
     torch.testing.assert_close(masked_out[:2], out[:2])
     torch.testing.assert_close(masked_lse[:2], lse[:2])
     assert masked_out[5].isnan().all() and torch.all(masked_lse[5] == 50.0)
+    again = chunked_context([[[4, 3]], [[1, 0]], [[0, 0]]], [2, 3, 1], total=3)
+    assert wrapped(rank, None, None, metadata)[0] is not masked_out  # a new result...
+    rows = vllm_ascend_cp._context_rows[2]
+    wrapped(rank, None, None, metadata)
+    assert vllm_ascend_cp._context_rows[2] is rows  # ...from the rows read once per step
+    wrapped(rank, None, None, again)
+    assert vllm_ascend_cp._context_rows[2] is not rows  # the next step's metadata: read again
     # No request without context here, or no FIA at all (vllm-ascend's 0 / -inf): untouched.
     for lengths, total in (([[[4, 3]], [[1, 2]], [[0, 0]]], 5), ([[[4, 0]], [[1, 0]]], 0)):
         result = wrapped(rank, None, None, chunked_context(lengths, [2, 3, 1][:len(lengths)],

@@ -133,6 +133,7 @@ class GraphMasks:
         self.masks = torch.ones((2, capacity), dtype=torch.bool, device=device)
         self.neg_inf = torch.full((), float("-inf"), dtype=torch.float32, device=device)
         self.captured = False
+        self._host = None  # the host copy last written, alive until the next write
 
     @property
     def capacity(self) -> int:
@@ -151,7 +152,10 @@ class GraphMasks:
         rows = min(len(lengths), self.capacity)
         if rows:
             host[0, :rows], host[1, :rows] = rank_and_all_empty(numpy.asarray(lengths)[:rows])
-        self.masks.copy_(torch.from_numpy(host), non_blocking=True)
+        # Non-blocking, as vllm-ascend copies per-step key lengths into the buffer its graphs
+        # read (pcp_utils.py:1962-1967); the source is kept until the next step's.
+        self._host = torch.from_numpy(host)
+        self.masks.copy_(self._host, non_blocking=True)
 
 
 _graph_masks: GraphMasks | None = None
@@ -420,13 +424,28 @@ def _masking_empty_context(compute):
         chunked = attn_metadata.prefill.chunked_context
         if not chunked.local_total_toks:  # no FIA ran: vllm-ascend returned 0 / -inf
             return output, lse
-        rows = empty_context_rows(chunked, self.pcp_rank, self.dcp_rank)
+        rows = _context_rows_on(chunked, self.pcp_rank, self.dcp_rank, output.device)
         if rows is None:
             return output, lse
-        rows = rows.to(output.device).view(-1, 1, 1)
         return output.masked_fill(rows, 0.0), lse.masked_fill(rows, float("-inf"))
 
     return compute_prefill_context
+
+
+# The context rows of the step being run: (its chunked-context metadata, rank, rows). Every
+# layer of a step reads the same metadata object, so the rows are read from it once.
+_context_rows = None
+
+
+def _context_rows_on(chunked, pcp_rank: int, dcp_rank: int, device):
+    """`empty_context_rows` as a bool `[tokens, 1, 1]` tensor on `device`, once per step."""
+    global _context_rows
+    key = (pcp_rank, dcp_rank, device)
+    if _context_rows is None or _context_rows[0] is not chunked or _context_rows[1] != key:
+        rows = empty_context_rows(chunked, pcp_rank, dcp_rank)
+        rows = None if rows is None else rows.to(device).view(-1, 1, 1)
+        _context_rows = (chunked, key, rows)
+    return _context_rows[2]
 
 
 def empty_context_rows(chunked, pcp_rank: int, dcp_rank: int):
@@ -532,9 +551,9 @@ def install() -> list[str]:
 
 def uninstall() -> None:
     """Remove the import hook and restore every patched module."""
-    global _merge_kernel, _graph_masks, _decode_shards_can_be_empty
+    global _merge_kernel, _graph_masks, _decode_shards_can_be_empty, _context_rows
     on_import.uninstall(PatchOnImport)
-    _merge_kernel = _graph_masks = _decode_shards_can_be_empty = None
+    _merge_kernel = _graph_masks = _decode_shards_can_be_empty = _context_rows = None
     for name in CALLER_MODULES:
         if name in sys.modules:
             unpatch_module(sys.modules[name])
