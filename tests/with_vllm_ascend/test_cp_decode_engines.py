@@ -108,6 +108,9 @@ ENGINES = {
     # npugraph_ex, which the stand-in does not emulate): one unsplit graph per decode size.
     "dcp2 full decode only": ({"tensor_parallel_size": 2, "decode_context_parallel_size": 2,
                                **DEFAULTS, **FULL_DECODE_ONLY}, "tp2", (), {}, ("ours",)),
+    "dcp2 full decode only, theirs": ({"tensor_parallel_size": 2,
+                                       "decode_context_parallel_size": 2, **DEFAULTS,
+                                       **FULL_DECODE_ONLY}, None, (), THEIRS, ("vllm-ascend",)),
     # `SHORT` prompts, compared with the TP 2 server's answers to them
     "dcp2 interleave 16": ({"tensor_parallel_size": 2, "decode_context_parallel_size": 2,
                             "cp_kv_cache_interleave_size": INTERLEAVE, **DEFAULTS,
@@ -123,6 +126,8 @@ PORT_BASE, PORT_STRIDE = 21000, 100
 CP_RUNS = {"dcp2 default (server)": "tp2", **{n: e[1] for n, e in ENGINES.items() if e[1]}}
 EAGER_RUNS = [name for name in CP_RUNS if "eager" in name]
 DEFAULT_RUNS = [name for name in CP_RUNS if name.endswith("default")]
+# Runs whose vllm-ascend merge ran in an engine of its own (a full graph keeps what it captured).
+FULL_GRAPH_RUNS = [name for name in CP_RUNS if f"{name}, theirs" in ENGINES]
 BAD_COMPLETIONS = {
     "longer than max-model-len": {"prompt": [[5] * (MAX_MODEL_LEN + 100)], "max_tokens": 4},
     "negative max_tokens": {"prompt": "context", "max_tokens": -1},
@@ -146,9 +151,9 @@ class Runs:
             servers.result()
             for future in engines:
                 future.result()
-        for name in DEFAULT_RUNS:  # vllm-ascend's merge, from its own engine
+        for name in FULL_GRAPH_RUNS:  # vllm-ascend's merge, from its own engine
             theirs = self.results.pop(f"{name}, theirs")
-            for merge in ("vllm-ascend", "vllm-ascend, again"):
+            for merge in theirs["runs"]:
                 self.results[name]["runs"][merge] = theirs["runs"][merge]
             self.results[name]["theirs"] = theirs
 
@@ -245,7 +250,7 @@ def merges_of(name):
         return ("ours",)
     if name in DEFAULT_RUNS:
         return (*MERGES, *(f"{m}, again" for m in MERGES))
-    return ENGINES[name][4]
+    return MERGES if name in FULL_GRAPH_RUNS else ENGINES[name][4]
 
 
 @pytest.mark.parametrize("name", CP_RUNS)
@@ -263,9 +268,10 @@ def test_cp_generation_equals_the_non_cp_baseline_where_the_margin_is_clear(runs
         assert result.clear >= MAX_TOKENS, result  # not vacuous: a request's worth at least
 
 
-@pytest.mark.parametrize("name", [n for n in CP_RUNS if n not in SERVERS and "theirs" not in n
-                                  and (n in DEFAULT_RUNS or ENGINES[n][4] == MERGES)])
-def test_our_merge_and_vllm_ascends_generate_alike_in_one_engine(runs, name):
+@pytest.mark.parametrize("name", [n for n in CP_RUNS if n not in SERVERS
+                                  and (n in FULL_GRAPH_RUNS or ENGINES[n][4] == MERGES)])
+def test_our_merge_and_vllm_ascends_generate_alike(runs, name):
+    """In one engine (eager), or each in an engine of its own (full graphs)."""
     for again in ("", ", again") if name in DEFAULT_RUNS else ("",):
         ours, theirs = run_of(runs, name, "ours" + again), run_of(runs, name, "vllm-ascend" + again)
         assert ours["tokens"] == theirs["tokens"]
@@ -332,20 +338,27 @@ def test_engines_at_vllms_defaults_decode_in_full_graphs_with_the_merge_inside(r
 def test_full_decode_only_decodes_in_one_graph_per_size_with_our_merge_inside(runs):
     """FULL_DECODE_ONLY (npugraph_ex off): no piecewise graphs, prefill eager, decode in full
     graphs of the whole model. Read from each worker: full-graph replays with FIA task
-    updates, our operator captured and run in every decode step, TensorList never captured."""
+    updates, with our patch our operator captured and run in every decode step, TensorList
+    never captured; with vllm-ascend's merge (patch off from the start) the other way round."""
     layers, name = 2, "dcp2 full decode only"
     run = runs[name]
-    assert run["cudagraph_mode"] == "FULL_DECODE_ONLY" and run["async_scheduling"] is True
-    for worker in run_of(runs, name, "ours")["workers"]:
-        print(f"{name}, a worker: {worker['graph replays']} graph replays, "
-              f"{worker['FIA task updates']} FIA task updates, our operator captured "
-              f"{worker['captured: our operator']}, run {worker['our CANN operator']} times")
-        assert worker["merge patched"] is True, worker
-        assert worker["graph replays"] >= MAX_TOKENS - 1, worker
-        assert worker["FIA task updates"] == layers * worker["graph replays"], worker
-        assert worker["captured: our operator"] >= layers, worker
-        assert worker["captured: TensorList npu_attention_update"] == 0, worker
-        assert worker["our CANN operator"] >= layers * (MAX_TOKENS - 1), worker
+    assert run["cudagraph_mode"] == run["theirs"]["cudagraph_mode"] == "FULL_DECODE_ONLY"
+    assert run["async_scheduling"] is True
+    for merge in MERGES:
+        ours = merge == "ours"
+        for worker in run_of(runs, name, merge)["workers"]:
+            print(f"{name}, {merge} merge, a worker: {worker['graph replays']} graph replays, "
+                  f"{worker['FIA task updates']} FIA task updates, captured: ours "
+                  f"{worker['captured: our operator']}, TensorList "
+                  f"{worker['captured: TensorList npu_attention_update']}; our operator run "
+                  f"{worker['our CANN operator']} times")  # fmt: skip
+            assert worker["merge patched"] is ours, worker
+            assert worker["graph replays"] >= MAX_TOKENS - 1, worker
+            assert worker["FIA task updates"] == layers * worker["graph replays"], worker
+            captured = (worker["captured: our operator"],
+                        worker["captured: TensorList npu_attention_update"])  # fmt: skip
+            assert captured[not ours] >= layers and captured[ours] == 0, worker
+            assert (worker["our CANN operator"] >= layers * (MAX_TOKENS - 1)) is ours, worker
 
 
 def test_requests_without_keys_on_a_rank_generate_as_without_cp(runs):
