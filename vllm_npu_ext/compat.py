@@ -92,3 +92,55 @@ def configure_logging_from_args(args: Any) -> None:
     configure = getattr(vllm_logger, "configure_logging_from_args", None)
     if configure is not None:
         configure(args)
+
+
+def server_parser() -> Any:
+    """vLLM's server argument parser (`make_arg_parser`: 0.32 in entrypoints.launchers, 0.23
+    in entrypoints.openai), as `vllm serve` builds it, with `model_tag` positional."""
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    try:  # vLLM 0.32
+        from vllm.entrypoints.launchers import cli_args
+    except ImportError:  # vLLM 0.23
+        from vllm.entrypoints.openai import cli_args
+    return cli_args.make_arg_parser(FlexibleArgumentParser(prog="vllm-npu-ext serve"))
+
+
+def validate_server_args(args: Any) -> None:
+    """vLLM's `validate_parsed_serve_args`."""
+    try:  # vLLM 0.32
+        from vllm.entrypoints.launchers.cli_args import validate_parsed_serve_args
+    except ImportError:  # vLLM 0.23
+        from vllm.entrypoints.openai.cli_args import validate_parsed_serve_args
+    validate_parsed_serve_args(args)
+
+
+def run_api_server(args: Any) -> None:
+    """Run vLLM's OpenAI server on parsed arguments, as `python -m
+    vllm.entrypoints.openai.api_server` does after parsing (both versions)."""
+    import uvloop
+
+    try:  # vLLM 0.32
+        from vllm.entrypoints.launchers.api_server.entry import run_server
+    except ImportError:  # vLLM 0.23
+        from vllm.entrypoints.openai.api_server import run_server
+    uvloop.run(run_server(args))
+
+
+def rejects_negative_token_ids() -> bool:
+    """vLLM 0.32 answers a negative token id with 400 ("Token id -1 is out of vocabulary",
+    `renderers/base.py` validate_token_ids); 0.23 embeds it."""
+    return _vllm_minor() >= 32
+
+
+def checks_dimensions_range() -> bool:
+    """vLLM 0.32 answers `dimensions` outside [1, embedding size] with 400
+    (`PoolingParams._set_default_parameters`); 0.23 accepts any above 0."""
+    return _vllm_minor() >= 32
+
+
+def _vllm_minor() -> int:
+    import vllm
+
+    parts = vllm.__version__.split(".")
+    return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0

@@ -142,6 +142,16 @@ FULL_GRAPH = Flag(
     "graph per forward with attention inside, its sequence lengths updated per replay, where "
     "FIA takes the model (bfloat16, head_dim 128 or 192)",
 )  # fmt: skip
+SHARED_PREFIX = Flag(
+    "VLLM_NPU_EXT_SHARED_PREFIX", "1",
+    "cache-free pooling: 1: token prefixes that texts of one step share (an instruction, a "
+    "reranker's prompt and query) are computed once per step; 0: every text whole",
+)  # fmt: skip
+SHARED_PREFIX_MIN_TOKENS = PositiveInt(
+    "VLLM_NPU_EXT_SHARED_PREFIX_MIN_TOKENS", "4",
+    "with VLLM_NPU_EXT_SHARED_PREFIX=1: the fewest tokens a shared prefix must have to be "
+    "computed once (shorter ones are computed per text)",
+)  # fmt: skip
 COMPILE = Flag(
     "VLLM_NPU_EXT_COMPILE", "1",
     "0: vLLM does not compile our Qwen3 (eager forward, no graphs; --enforce-eager does the "
@@ -211,7 +221,27 @@ HOST_KERNEL_CACHE = Variable(
 TEI_MAX_CLIENT_BATCH_SIZE = PositiveInt(
     "VLLM_NPU_EXT_TEI_MAX_CLIENT_BATCH_SIZE", "32",
     "most inputs one request to the TEI routes (/embed, /rerank, ...) may carry; larger "
-    "batches get TEI's 413 (TEI's --max-client-batch-size, same default)",
+    "batches get TEI's 422 (TEI's --max-client-batch-size, same default)",
+)  # fmt: skip
+TEI_AUTO_TRUNCATE = Flag(
+    "VLLM_NPU_EXT_TEI_AUTO_TRUNCATE", "1",
+    "0: the TEI routes refuse inputs longer than the model instead of truncating them when a "
+    "request sets no `truncate` (TEI's --auto-truncate, same default since TEI 1.9)",
+)  # fmt: skip
+TEI_PAYLOAD_LIMIT = PositiveInt(
+    "VLLM_NPU_EXT_TEI_PAYLOAD_LIMIT", "2000000",
+    "largest request body in bytes the TEI routes accept; larger get 413 (TEI's "
+    "--payload-limit, same default)",
+)  # fmt: skip
+TEI_MAX_CONCURRENT_REQUESTS = PositiveInt(
+    "VLLM_NPU_EXT_TEI_MAX_CONCURRENT_REQUESTS", "512",
+    "inputs the TEI routes compute at once (each input of a batch counts, as in TEI); past "
+    "it a request gets TEI's 429 (TEI's --max-concurrent-requests, same default)",
+)  # fmt: skip
+TASK_FLAG_PATCH = Flag(
+    "VLLM_NPU_EXT_TASK_FLAG_PATCH", "1",
+    "0: leave vLLM's argument parser alone (`vllm serve --task embed` then fails as in stock "
+    "vLLM; 1: read as --runner pooling --convert embed, with a notice)",
 )  # fmt: skip
 SELFCHECK_EMULATE = Flag(
     "VLLM_NPU_EXT_SELFCHECK_EMULATE", "0",
@@ -224,11 +254,12 @@ VARIABLES: dict[str, Variable] = {
     variable.name: variable
     for variable in (
         MODEL_OVERRIDE, GENERATION, EMULATE, EMULATE_OPS, EMULATE_DEVICE_MIB, KV_CACHE_FREE,
-        FULL_GRAPH, COMPILE,
+        FULL_GRAPH, SHARED_PREFIX, SHARED_PREFIX_MIN_TOKENS, COMPILE,
         CPU_FLOAT32_MATMUL, FUSED, *FUSE.values(), ATTENTION_OP, ATTENTION_UPDATE_KERNEL,
         ATTENTION_UPDATE_CONTIGUOUS, CP_PATCH, COS_SIN_PATCH, PCP_INPUT_IDS_PATCH,
         ACCEPT_PATCH_SOURCES, BOOTSTRAP,
-        OPP_PATH, HOST_KERNEL_CACHE, TEI_MAX_CLIENT_BATCH_SIZE, SELFCHECK_EMULATE,
+        OPP_PATH, HOST_KERNEL_CACHE, TEI_MAX_CLIENT_BATCH_SIZE, TEI_AUTO_TRUNCATE,
+        TEI_PAYLOAD_LIMIT, TEI_MAX_CONCURRENT_REQUESTS, TASK_FLAG_PATCH, SELFCHECK_EMULATE,
     )
 }
 

@@ -257,10 +257,27 @@ def make_tiny_model(
         {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"]},
     )
     if not reranker:
-        _write_json(out / ST_CONFIG, QWEN3_EMBEDDING_ST_CONFIG)
+        _write_sentence_transformers_files(out, config["hidden_size"])
     weights = random_weights(config, seed)
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
+
+
+def _write_sentence_transformers_files(out: Path, hidden_size: int) -> None:
+    """Qwen3-Embedding's Sentence Transformers files: its prompts, and the module list that
+    pools the last token and normalises (what `checkpoints.is_qwen3_embedding` reads)."""
+    _write_json(out / ST_CONFIG, QWEN3_EMBEDDING_ST_CONFIG)
+    layout = (("", "Transformer"), ("1_Pooling", "Pooling"), ("2_Normalize", "Normalize"))
+    modules = [{"idx": i, "name": str(i), "path": path,
+                "type": f"sentence_transformers.models.{kind}"}
+               for i, (path, kind) in enumerate(layout)]  # fmt: skip
+    (out / "modules.json").write_text(json.dumps(modules, indent=2) + "\n", encoding="utf-8")
+    (out / "1_Pooling").mkdir(exist_ok=True)
+    pooling = {f"pooling_mode_{mode}": mode == "lasttoken"
+               for mode in ("cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens",
+                            "weightedmean_tokens", "lasttoken")}  # fmt: skip
+    _write_json(out / "1_Pooling" / "config.json",
+                {"word_embedding_dimension": hidden_size, **pooling, "include_prompt": True})
 
 
 def _check_shapes(config: dict) -> None:

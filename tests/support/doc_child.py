@@ -3,10 +3,11 @@
 Jobs arrive as JSON on stdin (`doc_commands.child_job`); results go to the file named by the
 caller as {job key: {"problem": str | None, "output": str}}:
 
-- `serve`: a documented `vllm-npu-ext serve ...` (as `vllm_npu_ext.cli.serve_command` turns it
-  into vLLM's command line) or `vllm serve ...`, parsed by vLLM's own server argument parser and
-  `validate_parsed_serve_args`, without starting anything. Its own process because importing
-  vLLM's server arguments loads vLLM's plugins and settles global state the suite depends on.
+- `serve`: a documented `vllm-npu-ext serve ...` (read by `vllm_npu_ext.serve_args.resolve`
+  with vLLM's parser, our defaults set) or `vllm serve ...`, parsed by vLLM's own server
+  argument parser and `validate_parsed_serve_args`, without starting anything. Its own
+  process because importing vLLM's server arguments loads vLLM's plugins and settles global
+  state the suite depends on.
 - `help`: a repository script's `--help`, run in this process (`runpy`), for its flags.
 - `collect`: `pytest --collect-only` with the documented arguments.
 """
@@ -39,24 +40,20 @@ def vllm_server_parser():
     return parser, cli_args.validate_parsed_serve_args
 
 
-def server_arguments(argv: list[str]) -> list[str]:
-    """The arguments vLLM's server gets for a documented command line."""
-    from vllm_npu_ext import cli
-
-    if argv[0] == "vllm":
-        return argv[2:]
-    with mock.patch("vllm_npu_ext.tiny_model.ensure_default_model", return_value=PLACEHOLDER_MODEL):
-        command = cli.serve_command(argv[2:])
-    if command[1] != "-m" or command[2] not in (cli.SERVER_MODULE, cli.HEADLESS_MODULE):
-        raise AssertionError(f"serve_command no longer runs {cli.SERVER_MODULE}: {command[:3]}")
-    return command[3:]
-
-
 def serve_problem(parser, validate, argv: list[str]) -> str | None:
+    """Why vLLM's parser and argument check refuse a documented command line, or None:
+    `vllm serve ...` as given, `vllm-npu-ext serve ...` as `serve_args.resolve` reads it (with
+    vLLM's parser) and sets our defaults in the namespace."""
+    from vllm_npu_ext import serve_args
+
     stderr = io.StringIO()
     try:
         with contextlib.redirect_stderr(stderr):
-            validate(parser.parse_args(server_arguments(argv)))
+            if argv[0] == "vllm":
+                args = parser.parse_args(argv[2:])
+            else:
+                args = serve_args.resolve(argv[2:], default_model=PLACEHOLDER_MODEL).args
+            validate(args)
     except SystemExit as error:
         return f"{' '.join(argv)}: exit {error.code}: {last_line(stderr.getvalue()) or error}"
     except (ValueError, TypeError) as error:
