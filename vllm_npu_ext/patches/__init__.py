@@ -80,6 +80,25 @@ PATCHES: dict[str, Patch] = {patch.name: patch for patch in (
         install="vllm_npu_ext.patches.vllm_environment:declare",
     ),
     Patch(
+        name="vllm_task_flag",
+        target="vllm.utils.argparse_utils:FlexibleArgumentParser.parse_args",
+        why="vLLM removed `--task`; `vllm serve MODEL --task embed` (vllm-ascend's older "
+            "tutorials) stops at 'unrecognized arguments'",
+        how="wrap parse_args to read `--task X` on server command lines as the --runner/"
+            "--convert flags vLLM 0.10 read it as, with a one-line notice (vllm_task_flag.py)",
+        switch=envs.TASK_FLAG_PATCH,
+        when=REGISTER,
+        remove_when="users no longer pass --task",
+        install="vllm_npu_ext.patches.vllm_task_flag:install",
+        uninstall="vllm_npu_ext.patches.vllm_task_flag:uninstall",
+        pins={
+            "vllm.utils.argparse_utils:FlexibleArgumentParser.parse_args": {
+                VLLM_0_23: "f654045a66b805b5a3a013fb6262df0ac19d917364a047cc0844914f7fb038be",
+                VLLM_0_32: "c0317c008f2cdf152d9f9b2c0f2f3e2e90a9cbafde15185165434b3d65b05ce0",
+            },
+        },
+    ),
+    Patch(
         name="vllm_model_registry",
         target=f"{_REGISTRY}.resolve_model_cls and .inspect_model_cls",
         why="Qwen3 pooling runs get our classes while generation keeps vLLM's own Qwen3",

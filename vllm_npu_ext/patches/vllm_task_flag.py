@@ -1,0 +1,75 @@
+"""`--task` on vLLM's server command lines (`vllm serve MODEL --task embed`).
+
+vLLM removed `--task` (0.11; "unrecognized arguments: --task" on 0.23 and 0.32) in favour of
+`--runner pooling --convert embed|classify|reward`, while vllm-ascend's older tutorials and
+scripts still pass it. vLLM parses the command line after it has loaded the general plugins
+(both `vllm serve`, `vllm/entrypoints/cli/main.py`, and `python -m
+vllm.entrypoints.openai.api_server`: importing the server's argument module loads them), so
+this patch, applied at `register()`, sees every server command line: it wraps
+`FlexibleArgumentParser.parse_args` to replace `--task X` (any spelling vLLM accepts for an
+option: `--task=X`, `--task X`) by the flags vLLM 0.10 read it as
+(`serve_args.task_arguments`) and says so on one line, for `serve` command lines and for
+parsers that have `--runner` and no `--task` of their own. Other command lines are untouched.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+from vllm_npu_ext import serve_args
+
+_WRAPPED = "_vllm_npu_ext_task_flag"
+
+
+def install() -> str:
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    original = FlexibleArgumentParser.parse_args
+    if getattr(original, _WRAPPED, False):
+        return "vllm serve --task: read as --runner/--convert"
+
+    @functools.wraps(original)
+    def parse_args(self, args=None, namespace=None):
+        argv = sys.argv[1:] if args is None else list(args)
+        return original(self, translated(self, argv), namespace)
+
+    setattr(parse_args, _WRAPPED, True)
+    FlexibleArgumentParser.parse_args = parse_args
+    return "vllm serve --task: read as --runner/--convert"
+
+
+def uninstall() -> None:
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    current = FlexibleArgumentParser.parse_args
+    if getattr(current, _WRAPPED, False):
+        FlexibleArgumentParser.parse_args = current.__wrapped__
+
+
+def translated(parser, argv: list[str]) -> list[str]:
+    """`argv` with `--task X` replaced, where the command line is a server's."""
+    is_serve = argv[:1] == ["serve"]
+    options = getattr(parser, "_option_string_actions", {})
+    if not is_serve and ("--runner" not in options or "--task" in options):
+        return argv
+    out, i, tasks = [], 0, []
+    while i < len(argv):
+        token = argv[i]
+        if serve_args.option_name(token) == "--task" and "." not in token:
+            if "=" in token:
+                tasks.append(token.split("=", 1)[1])
+            elif i + 1 < len(argv):
+                tasks.append(argv[i + 1])
+                i += 1
+            else:
+                out.append(token)  # no value: vLLM's own error
+        else:
+            out.append(token)
+        i += 1
+    for task in tasks:
+        if task not in serve_args.TASKS:
+            return argv  # vLLM's "unrecognized arguments" then names it
+        out += serve_args.task_arguments(task)
+        print(serve_args.task_notice(task), file=sys.stderr, flush=True)
+    return out
