@@ -7,14 +7,20 @@ the only readers of it, so every other module takes the boundaries as arguments.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+from collections.abc import Iterator
 from typing import Any
 
 from vllm.forward_context import get_forward_context, is_forward_context_available
 
 from vllm_npu_ext.ops.packed import PackedSeqs
+from vllm_npu_ext.ops.shared_prefix import SharedPrefixPlan
 
 # Attribute our cache-free metadata builder adds to the backend's metadata object.
 PACKED_SEQS_ATTR = "npu_ext_packed_seqs"
+# Attribute a step with shared prefixes adds to the forward context (`shared_prefix_step`).
+SHARED_PREFIX_ATTR = "npu_ext_shared_prefix_plan"
 
 
 def packed_seqs_for_layer(layer_name: str, num_tokens: int) -> PackedSeqs:
@@ -62,3 +68,40 @@ def _forward_metadata() -> Any:
             "vllm-npu-ext NPU path; disable DBO"
         )
     return attn_metadata
+
+
+def runtime_mode() -> Any:
+    """The running forward's graph mode (vLLM's `CUDAGraphMode`, which vllm-ascend uses too)."""
+    return get_forward_context().cudagraph_runtime_mode
+
+
+def shared_prefix_plan() -> SharedPrefixPlan | None:
+    """The running step's shared prefixes (`model_executor/shared_prefix.py`), None when the
+    step shares none or outside a forward."""
+    if not is_forward_context_available():
+        return None
+    return getattr(get_forward_context(), SHARED_PREFIX_ATTR, None)
+
+
+@contextlib.contextmanager
+def shared_prefix_step(plan: SharedPrefixPlan, num_tokens: int, runtime_mode: Any) -> Iterator:
+    """Within it the forward runs `num_tokens` rows (the plan's unique rows, padded) under
+    `runtime_mode`: the context's batch descriptor, graph mode and token count say so (the
+    graph wrappers of vLLM and vllm-ascend replay by them), and `shared_prefix_plan()` returns
+    `plan`; everything is restored on exit."""
+    context = get_forward_context()
+    saved = {name: getattr(context, name) for name in ("batch_descriptor",
+             "cudagraph_runtime_mode", "num_tokens") if hasattr(context, name)}  # fmt: skip
+    descriptor = saved.get("batch_descriptor")
+    if descriptor is not None:
+        context.batch_descriptor = dataclasses.replace(descriptor, num_tokens=num_tokens)
+    context.cudagraph_runtime_mode = runtime_mode
+    if "num_tokens" in saved:
+        context.num_tokens = num_tokens
+    setattr(context, SHARED_PREFIX_ATTR, plan)
+    try:
+        yield
+    finally:
+        delattr(context, SHARED_PREFIX_ATTR)
+        for name, value in saved.items():
+            setattr(context, name, value)

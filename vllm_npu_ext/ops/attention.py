@@ -117,6 +117,7 @@ def varlen_attention(
     npu: ModuleType | None = None,
     operator: str = FUSED_INFER,
     out: torch.Tensor | None = None,
+    kv_seqs: PackedSeqs | None = None,
 ) -> torch.Tensor:
     """Attention within each packed sequence.
 
@@ -126,22 +127,50 @@ def varlen_attention(
     beyond its sequence limit run as several calls. `out` (contiguous, like q): the result is
     written there and returned; FIA writes it itself (its `.out` overload), the others are
     copied into it.
+
+    `kv_seqs`: the keys' own boundaries when a sequence has more keys than queries (k and v
+    then `[T_kv, Nkv, D]`, sequence i's queries its last `seqs` tokens: a shared prefix's keys
+    before its own, `ops.shared_prefix`); causal masking is then right-down aligned, each
+    query seeing the keys up to its own position, as sparse_mode 3 is documented for
+    "actual_seq_lengths < actual_seq_lengths_kv" (torch-npu 2.10.0.post4
+    `_op_plugin_docs.py`, the TND constraints of npu_fused_infer_attention_score and _v2).
     """
-    _check_shapes(q, k, v, seqs)
+    kv_seqs = seqs if kv_seqs is None else kv_seqs
+    _check_shapes(q, k, v, seqs, kv_seqs)
     if npu is None:
-        return _into(out, varlen_attention_native(q, k, v, seqs, scale, causal))
+        return _into(out, varlen_attention_native(q, k, v, seqs, scale, causal, kv_seqs))
     problem = unsupported_reason(operator, q.dtype, q.shape[2], q.shape[1], k.shape[1])
     if problem is not None:
         raise ValueError(f"operator: npu_{operator} {problem} (see choose_operator)")
     outputs = []
-    for start, chunk in seqs.chunks(MAX_SEQS[operator], MAX_TOKENS):
-        rows = slice(start, start + chunk.num_tokens)
+    for (q_start, q_chunk), (kv_start, kv_chunk) in _paired_chunks(seqs, kv_seqs, operator):
+        rows = slice(q_start, q_start + q_chunk.num_tokens)
+        kv_rows = slice(kv_start, kv_start + kv_chunk.num_tokens)
         target = None if out is None else out[rows]
-        outputs.append(_fused_attention(npu, operator, q[rows], k[rows], v[rows], chunk, scale,
-                                        causal, target))  # fmt: skip
+        outputs.append(_fused_attention(npu, operator, q[rows], k[kv_rows], v[kv_rows],
+                                        (q_chunk, kv_chunk), scale, causal, target))  # fmt: skip
     if out is not None:
         return out
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+
+
+def _paired_chunks(seqs: PackedSeqs, kv_seqs: PackedSeqs, operator: str):
+    """Query and key chunks of the same sequences within the operator's limits, as
+    `[((q_start, q_seqs), (kv_start, kv_seqs))]`."""
+    q_chunks = seqs.chunks(MAX_SEQS[operator], MAX_TOKENS)
+    if kv_seqs is seqs:
+        return [(chunk, chunk) for chunk in q_chunks]
+    kv_chunks = kv_seqs.chunks(MAX_SEQS[operator], MAX_TOKENS)
+    if [c.num_seqs for _, c in q_chunks] == [c.num_seqs for _, c in kv_chunks]:
+        return list(zip(q_chunks, kv_chunks, strict=True))
+    chunks, first = [], 0  # the key side's split decides: it is never shorter
+    for _, kv_chunk in kv_chunks:
+        last = first + kv_chunk.num_seqs
+        q_start = seqs.cu_seqlens[first]
+        q_cu = tuple(c - q_start for c in seqs.cu_seqlens[first : last + 1])
+        chunks.append(((q_start, PackedSeqs(q_cu)), (kv_seqs.cu_seqlens[first], kv_chunk)))
+        first = last
+    return chunks
 
 
 def _into(out: torch.Tensor | None, result: torch.Tensor) -> torch.Tensor:
@@ -149,28 +178,30 @@ def _into(out: torch.Tensor | None, result: torch.Tensor) -> torch.Tensor:
 
 
 def fia_tnd_kwargs(q: torch.Tensor, k: torch.Tensor, seqs: PackedSeqs, scale: float,
-                   causal: bool = True) -> dict:  # fmt: skip
-    """FIA's keyword arguments for packed TND attention of q `[T, Nq, D]` and k `[T, Nkv, D]`
-    over `seqs` (cumulative lengths, equal for q and kv)."""
+                   causal: bool = True, kv_seqs: PackedSeqs | None = None) -> dict:  # fmt: skip
+    """FIA's keyword arguments for packed TND attention of q `[T, Nq, D]` and k `[T_kv, Nkv, D]`
+    over `seqs` (cumulative lengths; the keys' are `kv_seqs`', equal to q's when None)."""
     lengths = seqs.actual_seq_lengths
+    kv_lengths = lengths if kv_seqs is None else kv_seqs.actual_seq_lengths
     return dict(
         atten_mask=compressed_causal_mask(q.device) if causal else None,
-        actual_seq_lengths=lengths, actual_seq_lengths_kv=lengths,
+        actual_seq_lengths=lengths, actual_seq_lengths_kv=kv_lengths,
         num_heads=q.shape[1], num_key_value_heads=k.shape[1], scale=scale,
         input_layout="TND", sparse_mode=SPARSE_MODE_CAUSAL if causal else SPARSE_MODE_NONE,
     )  # fmt: skip
 
 
-def _fused_attention(npu, operator, q, k, v, seqs: PackedSeqs, scale: float, causal: bool,
-                     out: torch.Tensor | None):  # fmt: skip
-    """One fused operator call on a batch within the operator's limits (into `out` if given)."""
-    kwargs = fia_tnd_kwargs(q, k, seqs, scale, causal)
+def _fused_attention(npu, operator, q, k, v, seqs: tuple[PackedSeqs, PackedSeqs],
+                     scale: float, causal: bool, out: torch.Tensor | None):  # fmt: skip
+    """One fused operator call on a batch within the operator's limits (into `out` if given);
+    `seqs`: the query and key boundaries."""
+    kwargs = fia_tnd_kwargs(q, k, seqs[0], scale, causal, seqs[1])
     if operator == FUSION:  # the same mask, mode and lengths under FA's names
-        lengths = seqs.actual_seq_lengths
         return _into(out, npu.npu_fusion_attention(
             q, k, v, q.shape[1], "TND",
             atten_mask=kwargs["atten_mask"], scale=scale, sparse_mode=kwargs["sparse_mode"],
-            actual_seq_qlen=lengths, actual_seq_kvlen=lengths,
+            actual_seq_qlen=kwargs["actual_seq_lengths"],
+            actual_seq_kvlen=kwargs["actual_seq_lengths_kv"],
         )[0])  # fmt: skip
     if out is None:
         return npu.npu_fused_infer_attention_score(q, k, v, **kwargs)[0]
@@ -188,33 +219,49 @@ def varlen_attention_native(
     seqs: PackedSeqs,
     scale: float,
     causal: bool = True,
+    kv_seqs: PackedSeqs | None = None,
 ) -> torch.Tensor:
-    """The unfused equivalent: per sequence, K/V repeated per query group, fp32 softmax."""
-    _check_shapes(q, k, v, seqs)
+    """The unfused equivalent: per sequence, K/V repeated per query group, fp32 softmax
+    (`kv_seqs` and the right-down causal mask as in `varlen_attention`)."""
+    kv_seqs = seqs if kv_seqs is None else kv_seqs
+    _check_shapes(q, k, v, seqs, kv_seqs)
     group = q.shape[1] // k.shape[1]
     out = torch.empty_like(q)
-    for start, end in itertools.pairwise(seqs.cu_seqlens):
+    bounds = zip(itertools.pairwise(seqs.cu_seqlens), itertools.pairwise(kv_seqs.cu_seqlens),
+                 strict=True)  # fmt: skip
+    for (start, end), (kv_start, kv_end) in bounds:
         q_i = q[start:end].transpose(0, 1).float()  # [Nq, L, D]
-        k_i = k[start:end].repeat_interleave(group, dim=1).transpose(0, 1).float()
-        v_i = v[start:end].repeat_interleave(group, dim=1).transpose(0, 1).float()
-        scores = torch.matmul(q_i, k_i.transpose(1, 2)) * scale  # [Nq, L, L]
+        k_i = k[kv_start:kv_end].repeat_interleave(group, dim=1).transpose(0, 1).float()
+        v_i = v[kv_start:kv_end].repeat_interleave(group, dim=1).transpose(0, 1).float()
+        scores = torch.matmul(q_i, k_i.transpose(1, 2)) * scale  # [Nq, L, L_kv]
         if causal:
-            length = end - start
-            future = torch.ones(length, length, dtype=torch.bool, device=q.device).triu(1)
-            scores = scores.masked_fill(future, float("-inf"))
+            length, kv_length = end - start, kv_end - kv_start
+            future = torch.ones(length, kv_length, dtype=torch.bool, device=q.device)
+            scores = scores.masked_fill(future.triu(kv_length - length + 1), float("-inf"))
         out[start:end] = torch.matmul(scores.softmax(dim=-1), v_i).transpose(0, 1).to(q.dtype)
     return out
 
 
-def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: PackedSeqs) -> None:
+def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: PackedSeqs,
+                  kv_seqs: PackedSeqs) -> None:  # fmt: skip
     if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
         raise ValueError(
             f"q, k and v must be TND [T, N, D], got {tuple(q.shape)}, {tuple(k.shape)}, "
             f"{tuple(v.shape)}"
         )
-    if k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[2] != q.shape[2]:
-        raise ValueError(f"k and v must be [T, Nkv, D] matching q {tuple(q.shape)}")
+    if k.shape != v.shape or k.shape[2] != q.shape[2]:
+        raise ValueError(f"k and v must be [T_kv, Nkv, D] matching q {tuple(q.shape)}")
     if q.shape[1] % k.shape[1]:
         raise ValueError(f"q heads ({q.shape[1]}) must be a multiple of kv heads ({k.shape[1]})")
     if seqs.num_tokens != q.shape[0]:
         raise ValueError(f"seqs cover {seqs.num_tokens} tokens but q has T={q.shape[0]}")
+    if kv_seqs.num_tokens != k.shape[0]:
+        raise ValueError(f"kv_seqs cover {kv_seqs.num_tokens} tokens but k has {k.shape[0]}")
+    if kv_seqs is not seqs and (
+        kv_seqs.num_seqs != seqs.num_seqs
+        or any(kv < q for q, kv in zip(seqs.seq_lens, kv_seqs.seq_lens, strict=True))
+    ):
+        raise ValueError(
+            f"kv_seqs must give each of the {seqs.num_seqs} sequences at least as many keys as "
+            f"queries, got {kv_seqs.num_seqs} with lengths {kv_seqs.seq_lens[:8]}..."
+        )

@@ -292,6 +292,49 @@ def apply_patches(when: str = REGISTER) -> list[str]:
 def pin_checks() -> list[pins.Check]:
     """Every pin of the table checked against what is installed here (for the doctor)."""
     return [check for name, patch in PATCHES.items() for check in pins.check_all(name, patch.pins)]
+    Patch(
+        name="vllm_shared_prefix",
+        target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._model_forward and "
+               "vllm_ascend.worker.model_runner_v1:NPUModelRunner._model_forward (wrapped)",
+        why="the texts of one step often start with the same tokens (an instruction, a "
+            "reranker's prompt and query); without a KV cache each computed them again, and "
+            "the runner picks the graph from the step's whole token count",
+        how="the runner's model call plans the step from its host token ids, gathers the "
+            "unique rows into its buffers, runs the model on them under the graph of their "
+            "count and maps every row's hidden state back (vllm_shared_prefix.py)",
+        switch=envs.SHARED_PREFIX,
+        when=MODEL_BUILD,
+        remove_when="vLLM shares token prefixes within a step without a KV cache",
+        install="vllm_npu_ext.patches.vllm_shared_prefix:install",
+        uninstall="vllm_npu_ext.patches.vllm_shared_prefix:uninstall",
+        pins={
+            "vllm.v1.worker.gpu_model_runner:GPUModelRunner._model_forward": {
+                VLLM_0_23: "a26bbe6b69012df06c6c87d1ef0aabfc6be76df972d727e4163d11ef0864a3fc",
+                VLLM_0_32: "210f925be2caf22951df549d3cf82c02d3a0cc9704f05b4deb154e973012ede9",
+            },
+            "vllm.v1.worker.gpu_model_runner:GPUModelRunner._prepare_inputs": {
+                VLLM_0_23: "81cee5954d3ef6facd8c611b7e30a2ed9a109ea8a373b0cdfc3651dfeb5cdf8f",
+                VLLM_0_32: "bcd9157e2e44374c09cef08ef80099a796f78d34e114dc02f7d54e5e75cea511",
+            },
+            "vllm.compilation.cuda_graph:CUDAGraphWrapper.__call__": {
+                VLLM_0_23: "525fb0efc944c3f7781989f53e84c04e5e5c787521a5d12d983befb41bc191b7",
+                VLLM_0_32: "0c1307aecca2880cd1c35e3262d043931cedba786805a6a0c2f36d2bbc604275",
+            },
+            "vllm_ascend.worker.model_runner_v1:NPUModelRunner._model_forward": {
+                VLLM_ASCEND_0_23:
+                    "678a3ef566b5c55a54528cb7c709619de66333f7dbdbbc6c5c76268e6fcedddc",
+            },
+            "vllm_ascend.worker.model_runner_v1:NPUModelRunner._prepare_inputs": {
+                VLLM_ASCEND_0_23:
+                    "a8de723991b39442a95a80414edd76f0a33b3e91f07764607ac0346efba8d41e",
+            },
+            "vllm_ascend.compilation.acl_graph:ACLGraphWrapper.__call__": {
+                VLLM_ASCEND_0_23:
+                    "b81dfe4ba49ce2a6ecfddb2f37de7b2be8de9e45f26be4744a76375829c1344d",
+            },
+        },
+        verified_by_patch=True,
+    ),
 
 
 def describe() -> str:

@@ -43,8 +43,9 @@ from vllm.model_executor.models.utils import (
 )
 from vllm.sequence import IntermediateTensors
 
-from vllm_npu_ext import compat, envs
+from vllm_npu_ext import compat, envs, patches
 from vllm_npu_ext.logger import get_logger
+from vllm_npu_ext.model_executor import shared_prefix
 from vllm_npu_ext.model_executor.layers import fused, npu_plan
 from vllm_npu_ext.model_executor.layers.attention import rotary_embedding
 from vllm_npu_ext.model_executor.layers.cache_free.full_graph import FullGraphAttention
@@ -55,7 +56,7 @@ from vllm_npu_ext.model_executor.models import qwen3_config
 from vllm_npu_ext.model_executor.models.weights import load_merged_weights
 from vllm_npu_ext.ops import dispatch
 from vllm_npu_ext.ops.packed import PackedSeqs
-from vllm_npu_ext.patches import vllm_ascend_cos_sin
+from vllm_npu_ext.patches import vllm_ascend_cos_sin, vllm_shared_prefix
 
 logger = get_logger(__name__)
 
@@ -232,6 +233,12 @@ class Qwen3ForCausalLM(nn.Module, SupportsPP):
             self.model.capture_attention_in_graphs(vllm_config.scheduler_config.max_num_seqs)
         if pooling and self.model.npu_possible:  # our q/k path reads its own rotary tables
             logger.info("vllm-npu-ext: %s", vllm_ascend_cos_sin.stop_cos_sin_updates())
+        # Read by the runner's wrapped model call (patches/vllm_shared_prefix.py).
+        self.shared_prefixes = shared_prefix.for_model(vllm_config, cache_free, self.graph_mode)
+        if self.shared_prefixes is not None:
+            done = patches.apply(vllm_shared_prefix.NAME)
+            logger.info("vllm-npu-ext: shared prefixes of %d+ tokens computed once per step: %s",
+                        self.shared_prefixes.min_len, "; ".join(done))  # fmt: skip
         _log_built(self, cache_free, pooling)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -57,7 +57,7 @@ from vllm.v1.attention.selector import get_attn_backend
 
 from vllm_npu_ext import compat
 from vllm_npu_ext.model_executor import forward_context
-from vllm_npu_ext.model_executor.layers import cpu_causal_attention
+from vllm_npu_ext.model_executor.layers import cpu_causal_attention, cpu_shared_prefix
 from vllm_npu_ext.ops import dispatch
 from vllm_npu_ext.ops.packed import PackedSeqs
 
@@ -152,7 +152,8 @@ def cache_free_causal_backend(backend: type[AttentionBackend]) -> type[Attention
     """`backend` with a metadata builder that keeps attention causal and records PackedSeqs
     (and skips the backend's own build where the NPU path reads the metadata: module
     docstring), and an implementation that honours that causality on every vLLM version we
-    support (`cpu_causal_attention.causal_impl_cls`)."""
+    support (`cpu_causal_attention.causal_impl_cls`) and, on vLLM's CPU kernel, runs the steps
+    with shared prefixes (`cpu_shared_prefix.shared_prefix_impl_cls`)."""
     base_builder = backend.get_builder_cls()
     metadata_cls = declared_metadata_cls(base_builder)
     scratch_kv = cpu_causal_attention.needs_causal_impl(backend.get_impl_cls())
@@ -171,7 +172,9 @@ def cache_free_causal_backend(backend: type[AttentionBackend]) -> type[Attention
             setattr(metadata, forward_context.PACKED_SEQS_ATTR, seqs)
             return metadata
 
-    impl = cpu_causal_attention.causal_impl_cls(backend.get_impl_cls())
+    impl = cpu_shared_prefix.shared_prefix_impl_cls(
+        cpu_causal_attention.causal_impl_cls(backend.get_impl_cls())
+    )
     overrides = {
         "get_builder_cls": staticmethod(lambda: CacheFreeCausalBuilder),
         "get_impl_cls": staticmethod(lambda: impl),

@@ -16,7 +16,9 @@ that boundary:
 - its kernel reads the running batch's `PackedSeqs` from the forward context
   (`forward_context.packed_seqs_for_layer`) and calls `ops.attention.varlen_attention` with the
   layer's fusion switch and operator choice (FIA, or npu_fusion_attention where FIA lacks the
-  dtype);
+  dtype); in a step with shared prefixes (`model_executor/shared_prefix.py`) it runs
+  `ops.shared_prefix.shared_prefix_attention` on the step's unique rows instead (eagerly or
+  between piecewise graphs: such a step is never captured);
 - it writes into an `output` buffer that the traced code allocates before the call, as vLLM's
   `unified_attention_with_output` does (vLLM 0.23 `Attention.forward`): that buffer then
   belongs to the graph before the op, so the graph after it reads the same address on every
@@ -39,7 +41,7 @@ from __future__ import annotations
 import torch
 
 from vllm_npu_ext.model_executor import forward_context
-from vllm_npu_ext.ops import attention, dispatch
+from vllm_npu_ext.ops import attention, dispatch, shared_prefix
 
 NAMESPACE = "vllm_npu_ext"
 OP_NAME = "cache_free_attention"
@@ -83,10 +85,20 @@ def cache_free_attention(
 
 
 def _kernel(query, key, value, output, layer_name, scale, fused, operator) -> None:
-    seqs = forward_context.packed_seqs_for_layer(layer_name, query.shape[0])
     device = dispatch.npu_ops(query)
     npu = device if fused else None
     full_graph = getattr(forward_context.layer_module(layer_name), "full_graph", None)
+    plan = forward_context.shared_prefix_plan()
+    if plan is not None:  # never in a capture: a sharing step runs outside captured graphs
+        if full_graph is not None:
+            full_graph.ran_on_host = True
+        rows = query.shape[0]
+        shared_prefix.shared_prefix_attention(
+            query, key, value, plan.attention_layout(rows), plan.tensor("kv_rows", query.device,
+            rows), scale, npu=npu, operator=operator, out=output,
+        )  # fmt: skip
+        return
+    seqs = forward_context.packed_seqs_for_layer(layer_name, query.shape[0])
     if dispatch.graph_capturing(device):
         if full_graph is None or npu is None or operator != attention.FUSED_INFER:
             raise RuntimeError(
