@@ -285,7 +285,10 @@ def main() -> None:
         def outputs(items):
             return [o.outputs.score for o in llm.score(args.rerank, items, use_tqdm=False,
                                                        chat_template=template)]  # fmt: skip
+    replays = graphs.stats["replays"]
     embeddings = outputs(texts)
+    batch_replays = graphs.stats["replays"] - replays
+    sharing = _sharing_figures(model)
     # The same texts one request per step: other sequence boundaries, other padded sizes.
     one_by_one = [outputs([text])[0] for text in texts]
     full_graph = _full_graph_figures(model)
@@ -318,6 +321,7 @@ def main() -> None:
         "device_allocated_bytes": host_npu.memory_figures().allocated_bytes,
         "embeddings": embeddings, "embeddings_one_by_one": one_by_one,  # scores: --rerank
         "embeddings_stale_update": stale, "full_graph": full_graph,
+        "batch_graph_replays": batch_replays, "shared_prefixes": sharing,
         "layer": layer, "forward": forward, "token_batches": token_batches,
         "graphs": dict(graphs.stats),
         "graph_mode": _graph_mode(model, config), "startup_seconds": round(startup_seconds, 1),
@@ -344,6 +348,12 @@ def _full_graph_figures(model) -> dict | None:
             "widest_update": list(state.widest_update), "max_num_seqs": state.max_num_seqs,
             "captured_sizes": sorted(state.captured),
             "layers_per_capture": sorted({len(t) for t in state.captured.values()})}  # fmt: skip
+
+
+def _sharing_figures(model) -> dict | None:
+    """What shared prefixes did so far (`model_executor/shared_prefix.py`), None where off."""
+    sharing = getattr(model, "shared_prefixes", None)
+    return None if sharing is None else dict(vars(sharing.stats))
 
 
 def _with_stale_update(run):

@@ -70,6 +70,12 @@ def _forward_metadata() -> Any:
     return attn_metadata
 
 
+def has_attention_metadata() -> bool:
+    """Whether the running forward carries attention metadata: a step of requests, not one of
+    the runner's dummy batches (`packed_seqs_for_layer`)."""
+    return is_forward_context_available() and bool(_forward_metadata())
+
+
 def runtime_mode() -> Any:
     """The running forward's graph mode (vLLM's `CUDAGraphMode`, which vllm-ascend uses too)."""
     return get_forward_context().cudagraph_runtime_mode

@@ -76,9 +76,12 @@ class SharedPrefixes:
         """The step's plan from the runner's host tensors: ids `[>= T]`, `query_start_loc`
         `[num_reqs + 1]` and the requests' computed-token counts; None if nothing is shared."""
         began = time.perf_counter()
+        offsets = query_start_loc.tolist()
+        if len(offsets) < 3 or offsets[0] != 0 or offsets[-1] > host_ids.shape[0]:
+            return None  # fewer than two requests: nothing to share
         seqs = PackedSeqs.from_query_start_loc(query_start_loc)
         plan = None
-        if int(query_start_loc[0]) == 0 and not any(int(n) for n in num_computed):
+        if seqs.num_seqs == len(offsets) - 1 and not any(int(n) for n in num_computed):
             plan = find_shared_prefixes(host_ids[: seqs.num_tokens], seqs, self.min_len)
         stats = self.stats
         stats.planning_seconds += time.perf_counter() - began

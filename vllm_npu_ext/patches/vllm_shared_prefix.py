@@ -30,6 +30,7 @@ import inspect
 import sys
 
 from vllm_npu_ext import patches
+from vllm_npu_ext.model_executor import forward_context
 
 NAME = "vllm_shared_prefix"  # its row in the patch table
 METHOD = "_model_forward"
@@ -60,15 +61,18 @@ def _sharing_of(runner):
 
 
 def _step_plan(runner, sharing, arguments: dict):
-    """The step's plan, or None: our model's steps of whole token-id prompts only."""
+    """The step's plan, or None: our model's steps of whole token-id prompts only (not the
+    runner's warm-up and capture runs, which carry no attention metadata)."""
     if (sharing is None or arguments.get("input_ids") is None
+            or not forward_context.has_attention_metadata()
             or arguments.get("inputs_embeds") is not None
             or arguments.get("intermediate_tensors") is not None
             or arguments.get("model_kwargs")):  # fmt: skip
         return None
     num_reqs = runner.input_batch.num_reqs
     return sharing.plan(
-        runner.input_ids.cpu, runner.query_start_loc.cpu[: num_reqs + 1],
+        runner.input_ids.cpu[: arguments["input_ids"].shape[0]],
+        runner.query_start_loc.cpu[: num_reqs + 1],
         runner.input_batch.num_computed_tokens_cpu[:num_reqs],
     )  # fmt: skip
 
