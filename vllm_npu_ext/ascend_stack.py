@@ -2,7 +2,8 @@
 
 On Ascend the package runs inside vllm-ascend 0.23's environment: vLLM 0.23.x, vllm-ascend
 0.23.x (0.23.0.post1), torch 2.10.x and torch-npu 2.10.x (2.10.0.post4), on CANN 9.1
-(vllm-ascend 0.23.0.post1 `docs/source/installation.md`:19-21, `docs/source/conf.py`:82-86).
+(vllm-ascend 0.23.0.post1 `docs/source/installation.md`, its table of supported versions;
+`docs/source/conf.py`, `myst_substitutions`).
 vllm-npu-ext never installs or replaces any of them (it declares no dependency on them); a
 mismatch found here is the environment's, and the fix is vllm-ascend's image or guide.
 

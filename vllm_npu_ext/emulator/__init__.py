@@ -76,8 +76,8 @@ from .runtime.schema import schema_document
 
 __vllm_npu_ext_emulator__ = True
 # The torch-npu wheel whose operator schemas and documentation the stand-in follows
-# (vllm-ascend's compiler hashes `torch_npu.__version__` into its compile cache key,
-# compilation/compiler_interface.py:244).
+# (vllm-ascend 0.23.0.post1's compiler hashes `torch_npu.__version__` into its compile cache key,
+# `AscendCompiler.compute_hash`).
 __version__ = "2.10.0.post4"
 
 __all__ = [

@@ -7,14 +7,18 @@ behaves, and `register()` logs what changed:
 
 - `VLLM_USE_AOT_COMPILE=0` (unless set): vLLM 0.23 compiles ahead of time on torch >= 2.10; on
   torch 2.11 `torch._dynamo.aot_compile` sets `force_autograd_cache`
-  (torch/_dynamo/aot_compile.py:357-364), under which AOTAutograd requires an inductor
-  OutputCode from any forward compiler (torch/_functorch/aot_autograd.py:1131-1134), while
-  vllm-ascend's fusion-pass compiler returns the FX graph (compilation/compiler_interface.py:
-  39-67): "expected OutputCode, got GraphModuleImpl". torch 2.10 has no such flag.
+  (`torch._dynamo.aot_compile.aot_compile_fullgraph`), under which AOTAutograd requires an
+  inductor OutputCode from any forward compiler
+  (`torch._functorch.aot_autograd.aot_module_simplified`), while vllm-ascend 0.23.0.post1's
+  fusion-pass compiler returns the FX graph
+  (`vllm_ascend.compilation.compiler_interface.fusion_pass_compile` and `compile_fx`):
+  "expected OutputCode, got GraphModuleImpl". torch 2.10 has no such flag.
 - `torch._functorch.config.error_on_custom_op_aliasing = False`: torch 2.11 checks that no
-  custom operator returns one of its inputs and raises where the variable CI is set
-  (torch/_functorch/config.py:99, _aot_autograd/runtime_wrappers.py:375-425); vllm-ascend's
-  `vllm.maybe_pad_and_reduce` returns its input at TP=1 (ops/register_custom_ops.py:73-83).
+  custom operator returns one of its inputs and raises where the variable CI is set (the
+  default of `torch._functorch.config.error_on_custom_op_aliasing`,
+  `_AnalyzeCustomOpInputOutputMode` in `torch/_functorch/_aot_autograd/runtime_wrappers.py`);
+  vllm-ascend's `vllm.maybe_pad_and_reduce` returns its input at TP=1 (vllm-ascend
+  0.23.0.post1 `_maybe_pad_and_reduce_impl` in `vllm_ascend/ops/register_custom_ops.py`).
   torch 2.10 has no such check.
 
 Nothing changes on torch 2.10 or without vllm-ascend.

@@ -1,8 +1,9 @@
 """Projections: `npu_linear`, `npu_grouped_matmul` and their references.
 
 npu_grouped_matmul takes float32 only with a single x, weight and y tensor ("torch.float32
-(仅x/weight/y均为单张量)", torch-npu 2.10.0.post4 `_op_plugin_docs.py`:5904; aclnnGroupedMatmulV4
-says the same). q/k/v need three, so float32 models use the merged projection instead.
+(仅x/weight/y均为单张量)", torch-npu 2.10.0.post4 `_op_plugin_docs.py`, the `npu_grouped_matmul`
+docstring, 约束说明, 表1 数据类型约束场景; aclnnGroupedMatmulV4 says the same). q/k/v need three, so
+float32 models use the merged projection instead.
 """
 
 from __future__ import annotations

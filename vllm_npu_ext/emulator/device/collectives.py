@@ -1,17 +1,16 @@
 """The `hccl` process-group backend of the stand-in: gloo, for host and `npu` tensors alike.
 
-torch_npu registers `hccl` with torch.distributed (ProcessGroupHCCL); vLLM's and
-vllm-ascend's device groups use it. Here a group of that name is a Python ProcessGroup that
-hands every collective to a gloo group over the same store. gloo takes only CPU (and CUDA)
-tensors, so an `npu` tensor goes to it as its host view (`host_npu.host_view`: a CPU tensor
-over the same memory): gloo reads and writes the npu tensor's own bytes, and the collective's
-Work is gloo's. A collective issued while an NPU graph is being captured is also a task of
-that graph (`graphs.CollectiveNode`): HCCL operators are captured into ACL graphs on the
-device (vllm-ascend's full graphs hold its TP all-reduce and its CP all-gather and all-to-all,
-`attention/context_parallel/attention_cp.py:573-685`), and each replay runs them again on the
-captured buffers. Torch calls these methods from Python (`dist.all_reduce` ->
-`group.allreduce`) and from C++ (functional collectives, through ProcessGroup's Python
-trampoline).
+torch_npu registers `hccl` with torch.distributed (ProcessGroupHCCL); vLLM's and vllm-ascend's
+device groups use it. Here a group of that name is a Python ProcessGroup that hands every collective
+to a gloo group over the same store. gloo takes only CPU (and CUDA) tensors, so an `npu` tensor goes
+to it as its host view (`host_npu.host_view`: a CPU tensor over the same memory): gloo reads and
+writes the npu tensor's own bytes, and the collective's Work is gloo's. A collective issued while an
+NPU graph is being captured is also a task of that graph (`graphs.CollectiveNode`): HCCL operators
+are captured into ACL graphs on the device (vllm-ascend's full graphs hold its TP all-reduce and its
+CP all-gather and all-to-all, vllm-ascend 0.23.0.post1
+`AscendAttentionCPImpl._forward_decode_pcp_dcp`), and each replay runs them again on the captured
+buffers. Torch calls these methods from Python (`dist.all_reduce` -> `group.allreduce`) and from C++
+(functional collectives, through ProcessGroup's Python trampoline).
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """Updating the tasks of a captured NPU graph between replays: task groups, task updates and
 `ExternalEvent`, as torch-npu 2.10.0.post4 exposes them (`torch.npu.graph_task_group_begin/end`,
-`graph_task_update_begin/end`, `torch_npu/npu/graphs.py:87-100`; `ExternalEvent`,
-`torch_npu/npu/streams.py:212-269`) and as vllm-ascend 0.23 uses them for FIA in full graphs
-(`attention/attention_v1.py:806-982` capture, :454-799 update; `worker/encoder_acl_graph.py:
-177-253`, `ops/mm_encoder_attention.py:223-313`).
+`graph_task_update_begin/end`: the functions of those names in `torch_npu/npu/graphs.py`; class
+`ExternalEvent`, `torch_npu/npu/streams.py`) and as vllm-ascend 0.23.0.post1 uses them for FIA in
+full graphs (`AscendAttentionBackendImpl.full_graph_fia` capture,
+`AscendAttentionBackendImpl.update_graph_params` update; `update_encoder_graph_params` in
+`vllm_ascend/worker/encoder_acl_graph.py`, `AscendMMEncoderAttention._forward_capture_fia`).
 
 Rules, with their sources (op-plugin 26.0.0 `docs/en/custom_APIs/torch_npu-npu/
 torch_npu-npu-graph_task_{group,update}_{begin,end}.md`, CANN runtime

@@ -99,7 +99,8 @@ def is_view(func) -> bool:
 # Namespaces whose operators are Python functions registered for the device's dispatch key:
 # vLLM's `direct_register_custom_op` defines them in its `vllm` library with the function as
 # the kernel for `current_platform.dispatch_key`, PrivateUse1 on vllm-ascend's NPUPlatform
-# (vLLM 0.23 `vllm/utils/torch_utils.py:931-969`, `vllm_ascend/platform.py:138`): its
+# (vLLM 0.23.0 `vllm.utils.torch_utils.direct_register_custom_op`, vllm-ascend 0.23.0.post1
+# `NPUPlatform.dispatch_key`): its
 # attention (`unified_attention_with_output`) and communication ops (`all_reduce`,
 # `all_gather`, ...) are host code that issues kernels, as vllm-ascend's ACL graphs capture
 # them on the device.
@@ -255,7 +256,8 @@ class _Recorder(TorchDispatchMode):
 
 
 class NPUGraph:
-    """`torch.npu.NPUGraph` (torch_npu/npu/graphs.py:591): capture, replay, reset, pool."""
+    """`torch.npu.NPUGraph` (torch-npu 2.10.0.post4 `torch_npu.npu.graphs.NPUGraph`): capture,
+    replay, reset, pool."""
 
     def __init__(self) -> None:
         self._entries: list[_Entry | WaitNode | ResetNode | CollectiveNode] = []
@@ -390,7 +392,8 @@ class NPUGraph:
 
 
 class graph:  # noqa: N801 - torch.npu.graph is a class
-    """`torch.npu.graph` (torch_npu/npu/graphs.py:807): captures the block into `npu_graph`."""
+    """`torch.npu.graph` (torch-npu 2.10.0.post4 `torch_npu.npu.graphs.graph`): captures the
+    block into `npu_graph`."""
 
     default_capture_stream: Any = None
 

@@ -1,20 +1,21 @@
 """`npugraph_ex` and `torchair`, Huawei's graph compilers, as `import torch_npu` leaves them.
 
-Importing torch-npu 2.10.0.post4 registers dynamo backends (`torch_npu/_init/registry/
-dynamo.py` calls `torch_npu.dynamo._register_backends`), which puts lazy `npugraph_ex` and
-`torchair` modules into `sys.modules` (`torch_npu/dynamo/__init__.py:141-170`): so `import
-npugraph_ex` works on any torch_npu host. vllm-ascend 0.23's fusion passes import it
-(`compilation/passes/base_pattern.py:9-12`) and register each pattern with it as well as with
-torch's pattern matcher (:53-60).
+Importing torch-npu 2.10.0.post4 registers dynamo backends (`torch_npu/_init/registry/dynamo.py`
+calls `torch_npu.dynamo._register_backends`), which puts lazy `npugraph_ex` and `torchair` modules
+into `sys.modules` (`torch_npu/dynamo/__init__.py`, `_get_default_backend` and
+`_get_npugraph_ex_backend`): so `import npugraph_ex` works on any torch_npu host. vllm-ascend
+0.23.0.post1's fusion passes import it (`vllm_ascend/compilation/passes/base_pattern.py`, its
+module-level `import npugraph_ex as nge`) and register each pattern with it as well as with torch's
+pattern matcher (`BasePattern.register`).
 
 The stand-in implements that registration, ported from the wheel's
-`dynamo/npugraph_ex/patterns/pattern_pass_manager.py`: `register_replacement` registers the
-pattern into npugraph_ex's own `PatternMatcherPass` (its generic pattern pass, which only
-npugraph_ex's compiler applies), with the same stream check before the caller's `extra_check`.
-npugraph_ex's compiler itself (`CompilerConfig`, `get_npu_backend`, `npu_fx_compiler`, its
-ACL-graph concrete graphs: what vllm-ascend's default `enable_npugraph_ex` compile path runs,
-`compilation/compiler_interface.py:160-200`) is not emulated, nor is anything of torchair:
-those names raise AttributeError naming them.
+`dynamo/npugraph_ex/patterns/pattern_pass_manager.py`: `register_replacement` registers the pattern
+into npugraph_ex's own `PatternMatcherPass` (its generic pattern pass, which only npugraph_ex's
+compiler applies), with the same stream check before the caller's `extra_check`. npugraph_ex's
+compiler itself (`CompilerConfig`, `get_npu_backend`, `npu_fx_compiler`, its ACL-graph concrete
+graphs: what vllm-ascend's default `enable_npugraph_ex` compile path runs, vllm-ascend 0.23.0.post1
+`npugraph_ex_compile` in `vllm_ascend/compilation/compiler_interface.py`) is not emulated, nor is
+anything of torchair: those names raise AttributeError naming them.
 """
 
 from __future__ import annotations

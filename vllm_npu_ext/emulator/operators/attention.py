@@ -15,11 +15,12 @@ Documented limits of the TND (varlen) layout, from torch-npu 2.10.0.post4's
   at most 4096 sequences (W:8694, OPm:377); T <= 1M (W:8674). W:8674-8694 document
   npu_fused_infer_attention_score_v2; FIA's own passage W:8149-8156 (Q_D = K_D = 192 only,
   Q_N == K_N, T <= 65536) is not applied: op-plugin's newer FIA doc drops it (OPm:377-388),
-  and vllm-ascend 0.23 calls FIA in TND with D = 128 and GQA on every Qwen3 prefill
-  (attention/attention_v1.py:1336-1357), tested on Atlas A2
-  (tests/ut/attention/a2/test_attention_v1_precision.py:236, :350-378).
-  Its "actual_seq_lengths < actual_seq_lengths_kv" for sparse_mode 3 (W:8155, W:8690) is
-  not applied either: vllm-ascend passes equal lengths (attention_v1.py:1194-1197).
+  and vllm-ascend 0.23 calls FIA in TND with D = 128 and GQA on every Qwen3 prefill (vllm-ascend
+  0.23.0.post1 `AscendAttentionBackendImpl.forward_fused_infer_attention`), tested on Atlas A2
+  (v0.23.0's `tests/ut/attention/a2/test_attention_v1_precision.py`: bfloat16 in
+  `_test_npu_attention_correctness`, Qwen/Qwen3-8B in `test_causal_backend_correctness`). Its
+  "actual_seq_lengths < actual_seq_lengths_kv" for sparse_mode 3 (W:8155, W:8690) is not applied
+  either: vllm-ascend passes equal lengths (`AscendAttentionBackendImpl._get_fia_params`).
 - FA: at most 1024 sequences ("varlen场景下长度最大支持1K", W:1657; B 1~2K, W:1643),
   T <= 1M (W:1647).
 """
@@ -77,15 +78,15 @@ from .attention_paged import checked_paged
 def npu_fused_infer_attention_score(call: BoundCall) -> tuple[torch.Tensor, torch.Tensor]:
     """FIA, as torch_npu documents it (`_attention`); `.out` writes into given tensors.
 
-    `.out` (W:8477-8530) adds `workspace` and `out`. Its registered schema takes
-    `Tensor[] out` (torch_npu/lib/libtorch_npu.so; the wheel's codegen YAML lists
-    `attention_out, softmax_lse` instead), which is how vllm-ascend calls it:
-    `out=[output, softmax_lse]` (attention/attention_v1.py:777-796, worker/encoder_acl_graph.py:
-    232-246). The result goes into `out[0]` (shape and dtype of the result); `softmax_lse` is
-    "reserved, not supported" in the docs, yet vllm-ascend's CP decode reads it with
-    `softmax_lse_flag=True` (attention/context_parallel/attention_cp.py:673-675): written
-    when the flag is set, untouched otherwise (a dummy `[1]` there). A `workspace` must come
-    from `_npu_fused_infer_attention_score_get_max_workspace` for the same shapes
+    `.out` (W:8477-8530) adds `workspace` and `out`. Its registered schema takes `Tensor[] out`
+    (torch_npu/lib/libtorch_npu.so; the wheel's codegen YAML lists `attention_out, softmax_lse`
+    instead), which is how vllm-ascend calls it: `out=[output, softmax_lse]` (vllm-ascend
+    0.23.0.post1 `AscendAttentionBackendImpl.update_graph_params`, `update_encoder_graph_params` in
+    `vllm_ascend/worker/encoder_acl_graph.py`). The result goes into `out[0]` (shape and dtype of
+    the result); `softmax_lse` is "reserved, not supported" in the docs, yet vllm-ascend's CP decode
+    reads it with `softmax_lse_flag=True` (`AscendAttentionCPImpl._forward_decode_pcp_dcp`): written
+    when the flag is set, untouched otherwise (a dummy `[1]` there). A `workspace` must come from
+    `_npu_fused_infer_attention_score_get_max_workspace` for the same shapes
     (`attention_workspace`). Returns `(out[0], out[1])`.
     """
     if call.overload != "out":
@@ -129,15 +130,15 @@ def _npu_fused_infer_attention_score_get_max_workspace(call: BoundCall) -> torch
 def _attention(call: BoundCall) -> tuple[torch.Tensor, torch.Tensor]:
     """FIA, as torch_npu documents it: softmax(scale * q k^T + mask) v.
 
-    TND: query `[T, N, D]`, key/value `[T_kv, N_kv, D]`, `actual_seq_lengths(_kv)` cumulative
-    Python int lists without a leading 0 (last == T); bfloat16 with D 128 or 192 only (module
-    docstring). Other layouts: float16/bfloat16 (float32 is not accepted by the real
-    operator). Returns (out like query, LSE float32 `[T, N, 1]` when softmax_lse_flag, else
-    an empty float32 `[0]`: what the wheel's C++ and meta kernels allocate,
-    `_meta_registrations.py:1995`; the prose docs say `[1]`). `block_size` without a
+    TND: query `[T, N, D]`, key/value `[T_kv, N_kv, D]`, `actual_seq_lengths(_kv)` cumulative Python
+    int lists without a leading 0 (last == T); bfloat16 with D 128 or 192 only (module docstring).
+    Other layouts: float16/bfloat16 (float32 is not accepted by the real operator). Returns (out
+    like query, LSE float32 `[T, N, 1]` when softmax_lse_flag, else an empty float32 `[0]`: what the
+    wheel's C++ and meta kernels allocate, `_meta_registrations.py`,
+    `npu_fused_infer_attention_score_forward`; the prose docs say `[1]`). `block_size` without a
     `block_table` is inert: page attention needs block_table (W:8174, block_size W:8086);
-    vllm-ascend passes block_size=128 with no block table on a prefill without cached
-    tokens (attention_v1.py:1194-1197).
+    vllm-ascend passes block_size=128 with no block table on a prefill without cached tokens
+    (vllm-ascend 0.23.0.post1 `AscendAttentionBackendImpl._get_fia_params`).
     """
     packed, causal = _checked(call)
     result = varlen_attention(packed, call.scale, causal)

@@ -1,13 +1,14 @@
 """FIA on a paged KV cache (PageAttention): `npu_fused_infer_attention_score` with a
 `block_table`, as vllm-ascend 0.23 calls it on every decode step.
 
-Callers: the non-CP decode (`attention/attention_v1.py:1205-1214, 1336-1357`: sparse_mode 3
-with the compressed mask, `actual_seq_lengths_kv=seq_lens_list`) and the context-parallel
-decode (`attention/context_parallel/attention_cp.py:599-614, 679`: sparse_mode 0 without a
-mask, `num_heads = dcp * H`, `actual_seq_lengths_kv` = this rank's token counts per request,
-a numpy array, `softmax_lse_flag=True`). Both pass query `[T, N, D]` in TND, the cache viewed
-as `[num_blocks, block_size, N_kv * D]` ("BnBsH"), an int32 `[B, max_blocks]` block table and
-`block_size = key.shape[1]`.
+Callers (vllm-ascend 0.23.0.post1): the non-CP decode (`AscendAttentionBackendImpl._get_fia_params`
+and `forward_fused_infer_attention`: sparse_mode 3 with the compressed mask,
+`actual_seq_lengths_kv=seq_lens_list`) and the context-parallel decode
+(`AscendAttentionCPImpl._forward_decode_pcp_dcp`: sparse_mode 0 without a mask, `num_heads = dcp *
+H`, `actual_seq_lengths_kv` = this rank's token counts per request, a numpy array,
+`softmax_lse_flag=True`). Both pass query `[T, N, D]` in TND, the cache viewed as `[num_blocks,
+block_size, N_kv * D]` ("BnBsH"), an int32 `[B, max_blocks]` block table and `block_size =
+key.shape[1]`.
 
 Rules, from torch-npu 2.10.0.post4's `torch_npu/_op_plugin_docs.py` (W:line):
 - Paging is on when `block_table` is given (W:8174, W:8233); the key/value layout argument

@@ -7,12 +7,14 @@ Evaluated literally in float32: a shard whose lse is -inf contributes nothing; a
 every shard's lse is -inf gives exp(-inf - -inf) = NaN, as the formula (and so the kernel)
 does. The emulator does not clean that up.
 
-Strided lse/local_out views are accepted. The aclnnAttentionUpdate table marks them
-non-contiguous "x" (ops-transformer `attention/attention_update/docs/aclnnAttentionUpdate.md`
-:78-132), but its L2 API makes every list item contiguous itself before launching the kernel
-(`op_host/op_api/aclnn_attention_update.cpp`:390-401, `l0op::Contiguous` per item), and
-vllm-ascend 0.23 passes such views (attention/context_parallel/common_cp.py:143-157). The
-selfcheck runs both forms on hardware (`attention_update` and `attention_update_strided`).
+Strided lse/local_out views are accepted. The aclnnAttentionUpdate table marks them non-contiguous
+"x" (ops-transformer `attention/attention_update/docs/aclnnAttentionUpdate.md`, the 参数说明 table
+of aclnnAttentionUpdateGetWorkspaceSize, column 非连续Tensor), but its L2 API makes every list item
+contiguous itself before launching the kernel (`op_host/op_api/aclnn_attention_update.cpp`,
+`aclnnAttentionUpdateGetWorkspaceSize`: `l0op::Contiguous` per item), and vllm-ascend 0.23.0.post1
+passes such views (`_npu_attention_update` in
+`vllm_ascend/attention/context_parallel/common_cp.py`). The selfcheck runs both forms on hardware
+(`attention_update` and `attention_update_strided`).
 """
 
 from __future__ import annotations

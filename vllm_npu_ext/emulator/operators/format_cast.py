@@ -1,22 +1,22 @@
 """Emulated `npu_format_cast`: an NPU tensor's storage format, on a host with one layout.
 
-`torch_npu.npu_format_cast(self, acl_format) -> Tensor` "修改NPU张量的格式" (changes the
-format of an NPU tensor; torch-npu 2.10.0.post4 `_op_plugin_docs.py`:1238-1255): a new tensor
-with the input's logical shape, dtype and values, stored in another layout. The formats are
+`torch_npu.npu_format_cast(self, acl_format) -> Tensor` "修改NPU张量的格式" (changes the format of
+an NPU tensor; torch-npu 2.10.0.post4 `_op_plugin_docs.py`, the `npu_format_cast` docstring): a new
+tensor with the input's logical shape, dtype and values, stored in another layout. The formats are
 `torch_npu.npu.Format` (the wheel's `torch_npu/npu/_format.py`); FRACTAL_NZ (29) is the blocked
 matrix layout vllm-ascend 0.23.0.post1 gives linear weights after loading
-(`AscendUnquantizedLinearMethod.process_weights_after_loading`, `ops/linear.py:98`, through
-`maybe_trans_nz`, `utils.py:261-298`: never float32; bfloat16/float16 when `weight_nz_mode`
-is 2; other dtypes unless it is 0; everything on 310P).
+(`AscendUnquantizedLinearMethod.process_weights_after_loading`, through
+`vllm_ascend.utils.maybe_trans_nz` and `_should_trans_nz`: never float32; bfloat16/float16 when
+`weight_nz_mode` is 2; other dtypes unless it is 0; everything on 310P).
 
-Operators read a tensor through its logical shape whatever its storage format (npu_linear
-takes input and weight in "[ND, NHWC, FRACTAL_NZ]", `_op_plugin_docs.py`:2819-2820), and the
-host keeps every tensor in ND (`torch.npu.config`, `device/npu.py`), so the emulated cast returns
-a contiguous copy with the input's shape, dtype and values. ND (2) and FRACTAL_NZ (29) are
-emulated; the other documented formats (convolution layouts such as NC1HWC0, with shape rules
-of their own) raise NotImplementedError, values outside `Format` ValueError. `customize_dtype`
-and `input_dtype` (quantised storage) and the `.Tensor` overload (the format of another
-tensor, which the host does not record) are not emulated.
+Operators read a tensor through its logical shape whatever its storage format (npu_linear takes
+input and weight in "[ND, NHWC, FRACTAL_NZ]", the `npu_linear` docstring of `_op_plugin_docs.py`),
+and the host keeps every tensor in ND (`torch.npu.config`, `device/npu.py`), so the emulated cast
+returns a contiguous copy with the input's shape, dtype and values. ND (2) and FRACTAL_NZ (29) are
+emulated; the other documented formats (convolution layouts such as NC1HWC0, with shape rules of
+their own) raise NotImplementedError, values outside `Format` ValueError. `customize_dtype` and
+`input_dtype` (quantised storage) and the `.Tensor` overload (the format of another tensor, which
+the host does not record) are not emulated.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 npu_grouped_matmul takes float32 only with a single x, weight and y tensor: the non-quantised
 column of its Tensor group_list table reads "torch.float32(仅x/weight/y均为单张量)"
-(torch-npu 2.10.0.post4 `_op_plugin_docs.py`:5904), and aclnnGroupedMatmulV4's doc says the
+(torch-npu 2.10.0.post4 `_op_plugin_docs.py`, the `npu_grouped_matmul` docstring, 约束说明, 表1
+数据类型约束场景), and aclnnGroupedMatmulV4's doc says the
 same ("仅x、weight、y都为单tensor场景支持"). With several x/weight tensors (one y each) a float32
 call is rejected with TypeError, like any other dtype the operator does not take.
 """

@@ -1,9 +1,9 @@
 """Emulated `npu_rms_norm` and `npu_add_rms_norm` (float32 math, output in the input dtype).
 
 Input ranks: npu_rms_norm takes 2-8 dimensions ("输入shape支持2-8维", torch-npu 2.10.0.post4
-`_op_plugin_docs.py`:3410); npu_add_rms_norm 1-8 ("支持1-8维张量", op-plugin
-`docs/zh/custom_APIs/torch_npu/torch_npu-npu_add_rms_norm.md`:33-35; the wheel's docs have
-no entry for it).
+`_op_plugin_docs.py`, the `npu_rms_norm` docstring); npu_add_rms_norm 1-8 ("支持1-8维张量",
+op-plugin `docs/zh/custom_APIs/torch_npu/torch_npu-npu_add_rms_norm.md`, 参数说明, x1 and x2; the
+wheel's docs have no entry for it).
 """
 
 from __future__ import annotations

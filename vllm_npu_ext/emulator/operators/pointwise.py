@@ -1,8 +1,8 @@
 """Emulated `npu_rotary_mul` and `npu_swiglu` (float32 math, output in the input dtype).
 
 npu_swiglu rejects non-contiguous input: "不支持非连续的Tensor" (op-plugin
-`docs/zh/custom_APIs/torch_npu/（beta）torch_npu-npu_swiglu.md`:28; the wheel's docs,
-`_op_plugin_docs.py`:4366, say nothing on contiguity).
+`docs/zh/custom_APIs/torch_npu/（beta）torch_npu-npu_swiglu.md`, 参数说明, input; the wheel's docs,
+the `npu_swiglu` docstring of `_op_plugin_docs.py`, say nothing on contiguity).
 """
 
 from __future__ import annotations

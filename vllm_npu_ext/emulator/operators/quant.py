@@ -1,11 +1,11 @@
 """Emulated int8 quantisation: `npu_dynamic_quant` and `npu_add_rms_norm_dynamic_quant`
 (per-token symmetric), `npu_quantize` and `npu_add_rms_norm_quant` (static scales).
 
-vllm-ascend 0.23 needs both in graph mode for every float16/bfloat16 model, quantised or not:
-its norm-quant fusion pass registers the pattern add_rms_norm -> dynamic_quant and its fused
-replacement (`compilation/passes/norm_quant_fusion_pass.py:283-323`, registered for eps 1e-5
-and 1e-6 at :714-716), and registering traces both on example `npu` tensors. Our models
-never quantise, so the passes match nothing in them; without these operators a bf16 model did
+vllm-ascend 0.23 needs both in graph mode for every float16/bfloat16 model, quantised or not: its
+norm-quant fusion pass registers the pattern add_rms_norm -> dynamic_quant and its fused replacement
+(vllm-ascend 0.23.0.post1 `AddRMSNormDynamicQuantPattern`, registered for eps 1e-5 and 1e-6 in
+`AddRMSNormQuantFusionPass.__init__`), and registering traces both on example `npu` tensors. Our
+models never quantise, so the passes match nothing in them; without these operators a bf16 model did
 not start in graph mode under the stand-in.
 
 From torch-npu 2.10.0.post4 `_op_plugin_docs.py` (W:line):
@@ -21,10 +21,11 @@ From torch-npu 2.10.0.post4 `_op_plugin_docs.py` (W:line):
   smooth_scale2; y2 is then `[0]`, as the wheel's meta kernel gives it (the prose says `[1]`).
   Emulated: int8 output (y_dtype None or torch.int8).
 
-vllm-ascend's static-quant patterns of the same pass (:726-731, registered where its operator
-library loads, `enable_custom_op()`) trace `torch.ops.vllm.quantize`, which calls
-`npu_quantize(x, scale_reciprocal, offset, torch.qint8, -1, False)`
-(`ops/register_custom_ops.py:188-197`), and the replacement `npu_add_rms_norm_quant`:
+vllm-ascend's static-quant patterns of the same pass (`AddRMSNormQuantPattern` and its SP and bias
+variants, registered in `AddRMSNormQuantFusionPass.__init__` where its operator library loads,
+`enable_custom_op()`) trace `torch.ops.vllm.quantize`, which calls `npu_quantize(x,
+scale_reciprocal, offset, torch.qint8, -1, False)` (`vllm_ascend/ops/register_custom_ops.py`,
+`_quantize_impl` and `_quantize_impl_fake`), and the replacement `npu_add_rms_norm_quant`:
 - npu_quantize (W:11291-11340): div_mode True `y = input / scales + zero_points`, False
   `y = input * scales + zero_points`; scales (and zero_points, of scales' shape) 1-D of the
   quantised axis' size or 1, or input's rank with 1s outside that axis; with div_mode False

@@ -4,28 +4,31 @@ On an Ascend host vllm-ascend ships `vllm_ascend_C`, a C++ extension whose impor
 `_C_ascend` operators (`csrc/torch_binding.cpp`) with their Meta kernels
 (`csrc/torch_binding_meta.cpp`). `vllm_ascend.utils.enable_custom_op()` imports it and, when
 the import works, its layers call those operators: `AscendRMSNorm` adds the residual with
-`torch.ops._C_ascend.npu_add_rms_norm_bias` (`ops/layernorm.py:72-75`) instead of torch_npu's
-`npu_add_rms_norm`. A CPU host has no such library, and the failed import is not only a
-different path: `AscendRMSNorm.forward_oot` makes the first `enable_custom_op()` call inside
-the forward that graph mode traces, and dynamo stops at the failing import ("Import failure",
-`utils.py:435`), so stock vllm-ascend's graph mode needs the library to start at all.
+`torch.ops._C_ascend.npu_add_rms_norm_bias` (vllm-ascend 0.23.0.post1 `AscendRMSNorm.forward_oot`)
+instead of torch_npu's `npu_add_rms_norm`. A CPU host has no such library, and the failed import is
+not only a different path: `AscendRMSNorm.forward_oot` makes the first `enable_custom_op()` call
+inside the forward that graph mode traces, and dynamo stops at the failing import ("Import failure",
+the `import vllm_ascend.vllm_ascend_C` in `vllm_ascend.utils.enable_custom_op`), so stock
+vllm-ascend's graph mode needs the library to start at all.
 
 This module is found as `vllm_ascend.vllm_ascend_C` only where no such file exists (its finder
 comes after Python's own, so a real or a test's stub library on disk wins) and only once the
 stand-in is installed. Importing it defines, verbatim from vllm-ascend 0.23.0.post1's
 `csrc/torch_binding.cpp`:
 
-- `npu_add_rms_norm_bias` (:2482-2490), emulated: x = x1 + x2, y = rms_norm(x) * gamma + beta,
-  rstd = 1 / sqrt(mean(x^2) + epsilon) over gamma's dimensions; x1, x2, gamma and beta one
-  dtype of float16, float32 and bfloat16 (`csrc/moe/add_rms_norm_bias/op_host/
-  add_rms_norm_bias_def.cpp`: one dtype column per row). The rounding follows the kernel
-  (`op_kernel/add_rms_norm_bias_single_n.h`): the sum is rounded to the input dtype before
-  the norm and returned as x (:260-267); in bfloat16 the normalised x * rstd is rounded to
-  bfloat16 before the float32 product with gamma and sum with beta (:318-347); in float16 the
-  product with gamma and the sum with beta are float16 operations (:140-153). Meta kernel:
-  `torch_binding_meta.cpp:573-600` (rstd float32 of x1's leading dimensions then 1s).
-- `get_masked_input_and_mask` (:2286-2292), `bgmv_expand` (:2298-2300) and `sgmv_expand`
-  (:2306-2308): defined, not emulated (a call raises NotImplementedError naming the operator).
+- `npu_add_rms_norm_bias` (its `ops.def` schema), emulated: x = x1 + x2, y = rms_norm(x) * gamma +
+  beta, rstd = 1 / sqrt(mean(x^2) + epsilon) over gamma's dimensions; x1, x2, gamma and beta one
+  dtype of float16, float32 and bfloat16
+  (`csrc/moe/add_rms_norm_bias/op_host/add_rms_norm_bias_def.cpp`: one dtype column per row). The
+  rounding follows the kernel (`op_kernel/add_rms_norm_bias_single_n.h`,
+  `KernelAddRmsNormBiasSingleN`): the sum is rounded to the input dtype before the norm and returned
+  as x (`ProcessBf16`, the `CAST_RINT` of the sum); in bfloat16 the normalised x * rstd is rounded
+  to bfloat16 before the float32 product with gamma and sum with beta (`ProcessBf16`); in float16
+  the product with gamma and the sum with beta are float16 operations (`ProcessFp16`). Meta kernel:
+  `csrc/torch_binding_meta.cpp` `npu_add_rms_norm_bias_meta` (rstd float32 of x1's leading
+  dimensions then 1s).
+- `get_masked_input_and_mask`, `bgmv_expand` and `sgmv_expand` (their `ops.def` schemas in the same
+  file): defined, not emulated (a call raises NotImplementedError naming the operator).
   vllm-ascend's `meta_registration.py`, imported by `enable_custom_op()` after this library,
   registers Meta kernels for exactly these three, which torch refuses for an operator that
   does not exist.

@@ -1,32 +1,37 @@
 """vllm-ascend's Triton operators that stock vllm-ascend's graph mode needs, where there is no
 triton-ascend: `torch.ops.vllm.qkv_rmsnorm_rope`.
 
-vllm-ascend registers its Triton operators only where Triton imports (`ops/__init__.py:25-29`,
-`if HAS_TRITON`), and their launchers need triton-ascend's device properties and CANN
-extension ops (`ops/triton/triton_utils.py:10-66`). Its QK-norm + RoPE fusion pass does not
-ask: for a bfloat16 model whose attention has head_dim 128 (stock Qwen3) it registers a
-replacement that calls `torch.ops.vllm.qkv_rmsnorm_rope` (`compilation/passes/
-qknorm_rope_fusion_pass.py:78-100, 196-225`, `device/device_op.py:1072-1098`), so without
-that operator stock's graph mode does not start (`'_OpNamespace' 'vllm' object has no
-attribute 'qkv_rmsnorm_rope'`). On Ascend, triton-ascend provides it.
+vllm-ascend 0.23.0.post1 registers its Triton operators only where Triton imports (module
+`vllm_ascend.ops`, `if HAS_TRITON`), and their launchers need triton-ascend's device properties and
+CANN extension ops (`vllm_ascend/ops/triton/triton_utils.py`, `init_device_properties_triton`,
+`get_vectorcore_num`). Its QK-norm + RoPE fusion pass does not ask: for a bfloat16 model whose
+attention has head_dim 128 (stock Qwen3) it registers a replacement that calls
+`torch.ops.vllm.qkv_rmsnorm_rope` (`QKNormRopeFusionPass.__init__`,
+`QKNormRopeFusionPattern.get_replacement`, `BaseDeviceAdaptor.split_qkv_rmsnorm_rope`), so without
+that operator stock's graph mode does not start (`'_OpNamespace' 'vllm' object has no attribute
+'qkv_rmsnorm_rope'`). On Ascend, triton-ascend provides it.
 
-The stand-in registers the operator as vllm-ascend does (`ops/triton/linearnorm/
-split_qkv_rmsnorm_rope.py:364-390`: `direct_register_custom_op`, no mutated arguments, the
-PrivateUse1 key, the same fake), and computes the kernel's arithmetic
-(`split_qkv_rmsnorm_rope_kernel`, :25-266) in PyTorch as one operator, the one launch it is
-on the device. Counted in `runtime.registry.calls` as `vllm.qkv_rmsnorm_rope`. From the kernel:
+The stand-in registers the operator as vllm-ascend does
+(`vllm_ascend/ops/triton/linearnorm/split_qkv_rmsnorm_rope.py`, its module-level
+`direct_register_custom_op(op_name="qkv_rmsnorm_rope", ...)`: no mutated arguments, the PrivateUse1
+key, the same fake), and computes the kernel's arithmetic (`split_qkv_rmsnorm_rope_kernel`) in
+PyTorch as one operator, the one launch it is on the device. Counted in `runtime.registry.calls` as
+`vllm.qkv_rmsnorm_rope`. From the kernel:
 
-- input `[T, q_hidden + 2 * kv_hidden]` bfloat16 (q, k, v side by side); each q and k head
-  of `head_dim` is RMS-normalised in float32 (`rstd = 1 / sqrt(sum(x^2) / head_dim + eps)`),
-  times its weight (+ bias) in float32, then rounded to bfloat16 (:117-128, :178-183);
-- RoPE, neox style, on the first `rope_dim = cos_sin_cache.shape[-1]` dimensions of each head
-  with `cos, sin = cos_sin_cache[position]` halves (:92-115), in bfloat16 arithmetic
-  (`x1 * cos - x2 * sin`, `x2 * cos + x1 * sin`, :141-153); the rest of a partially rotated
-  head keeps its normalised values (:157-170);
-- v is copied (:246-266). Outputs `[T, q_hidden]`, `[T, kv_hidden]`, `[T, kv_hidden]`.
+- input `[T, q_hidden + 2 * kv_hidden]` bfloat16 (q, k, v side by side); each q and k head of
+  `head_dim` is RMS-normalised in float32 (`rstd = 1 / sqrt(sum(x^2) / head_dim + eps)`), times its
+  weight (+ bias) in float32, then rounded to bfloat16 (`normalized_values`, then
+  `normalized_values_tmp` for q and `normalized_values_tmp1` for k, each `.to(tl.bfloat16)`);
+- RoPE, neox style, on the first `rope_dim = cos_sin_cache.shape[-1]` dimensions of each head with
+  `cos, sin = cos_sin_cache[position]` halves (the `cos`/`sin` slices of `values_tmp3`), in bfloat16
+  arithmetic (`x1 * cos - x2 * sin`, `x2 * cos + x1 * sin`, the `# q rope` and `# k rope` blocks);
+  the rest of a partially rotated head keeps its normalised values (the `IS_PARTIAL_ROPE` branches);
+- v is copied (the kernel's last loop, over `v_iter_num_per_vec`). Outputs `[T, q_hidden]`,
+  `[T, kv_hidden]`, `[T, kv_hidden]`.
 
-The kernel holds its tiles in bfloat16 (`tl.zeros(..., dtype=tl.bfloat16)`, :91, :131), and
-the fusion pass registers it for bfloat16 models only; other dtypes are a TypeError here.
+The kernel holds its tiles in bfloat16 (`tl.zeros(..., dtype=tl.bfloat16)` for `values_tmp3`,
+`values_tmp` and `values_tmp2`), and the fusion pass registers it for bfloat16 models only; other
+dtypes are a TypeError here.
 """
 
 from __future__ import annotations
@@ -113,7 +118,7 @@ def qkv_rmsnorm_rope(
 
 def _fake(input, cos_sin_cache, positions, q_weight, k_weight, q_hidden_size, kv_hidden_size,
           head_dim, eps, q_bias=None, k_bias=None):  # fmt: skip
-    """vllm-ascend's own fake (`split_qkv_rmsnorm_rope.py:331-361`)."""
+    """vllm-ascend's own fake (0.23.0.post1 `split_qkv_rmsnorm_rope_impl_fake`)."""
     tokens = input.shape[0]
     kv = int(kv_hidden_size)
     return (input.new_empty(tokens, int(q_hidden_size)), input.new_empty(tokens, kv),

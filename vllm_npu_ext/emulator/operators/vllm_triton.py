@@ -10,19 +10,21 @@ kernel's source in PyTorch on the same tensors. A kernel with no implementation,
 parameters differ from the implemented version's, raises NotImplementedError naming it when
 launched; calling a kernel without a grid is a TypeError, as
 with Triton. vllm-ascend's own Triton operators (`vllm_ascend/ops/triton/`) are never launched
-here: it chooses its torch_npu paths when `HAS_TRITON` is false (`ops/__init__.py:25`,
-`ops/rotary_embedding.py:166`), as here, where Triton has no active driver.
+here: it chooses its torch_npu paths when `HAS_TRITON` is false (vllm-ascend 0.23.0.post1: the
+`if HAS_TRITON` imports of module `vllm_ascend.ops`, and `rope_forward_oot` in
+`vllm_ascend/ops/rotary_embedding.py`), as here, where Triton has no active driver.
 
 Implemented (`calls["triton:<kernel>"]` counts launches; each launch is one custom operator,
 `torch.ops.triton_kernel.<kernel>`, as a launch is one operator on the device):
-- `vllm.v1.worker.block_table._compute_slot_mapping_kernel`, which vllm-ascend 0.23's block
-  table launches for every KV-cached model (`vllm_ascend/worker/block_table.py:165`): grid
+- `vllm.v1.worker.block_table._compute_slot_mapping_kernel`, which vllm-ascend 0.23's block table
+  launches for every KV-cached model (vllm-ascend 0.23.0.post1
+  `vllm_ascend.worker.block_table.BlockTable.compute_slot_mapping`): grid
   `(num_reqs + 1,)`; program r < num_reqs writes the KV-cache slot of each token of request r
   (`block_table[r, pos // (block_size * cp)] * block_size` plus the offset within the block,
   the token's context-parallel rank's share only, PAD_ID for other ranks' tokens), stored in
   slot_mapping's own integer type (int32 in vllm-ascend); the last program writes PAD_ID to
-  `slot_mapping[num_tokens:max_num_tokens]` (vLLM 0.23
-  `vllm/v1/worker/block_table.py:325-376`).
+  `slot_mapping[num_tokens:max_num_tokens]` (vLLM 0.23.0
+  `vllm.v1.worker.block_table._compute_slot_mapping_kernel`).
 """
 
 from __future__ import annotations
@@ -146,7 +148,8 @@ def _compute_slot_mapping(
            f"grid {grid} needs query_start_loc of at least {grid[0]} entries, "
            f"got {query_start_loc.numel()}")  # fmt: skip
     # vLLM's comments say int32/int64/int32/int64; Triton loads and stores through each
-    # pointer's own type, and vllm-ascend passes an int32 slot_mapping (block_table.py:100-102).
+    # pointer's own type, and vllm-ascend passes an int32 slot_mapping (vllm-ascend 0.23.0.post1
+    # `BlockTable.__init__`, its `self.slot_mapping` buffer).
     for arg, tensor in tensors.items():
         _check(name, tensor.dtype in (torch.int32, torch.int64),
                f"{arg} must be int32 or int64, got {tensor.dtype}")

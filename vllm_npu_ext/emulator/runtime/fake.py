@@ -179,7 +179,7 @@ def attention_update(call: BoundCall):
 
 def format_cast(call: BoundCall):
     """Like self: a format cast keeps the logical shape and dtype (no meta registration in M;
-    the wheel's `_op_plugin_docs.py`:1238-1255)."""
+    the wheel's `_op_plugin_docs.py`, the `npu_format_cast` docstring)."""
     return torch.empty_like(call.input, memory_format=torch.contiguous_format)
 
 

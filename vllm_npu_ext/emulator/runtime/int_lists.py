@@ -7,9 +7,11 @@ iteration of the value with each item cast to int64, or to SymInt when an item i
 (its `item()`, for a one-element integer tensor: torch/csrc/utils/pybind.cpp). Seen on torch
 2.11 with `torch.ops.aten.view.default(x, size)` (`SymInt[] size`): a list, tuple or range of
 ints, numpy integer items, a 1-D integer numpy array (any width), a 1-D integer tensor and a
-list of 0-d integer tensors all bind. vllm-ascend relies on it: its CP decode passes FIA's
-`actual_seq_lengths_kv` as a numpy array (attention/context_parallel/attention_cp.py:240,
-:610-612), its DCP prefill a CPU tensor (`torch.cumsum`, attention_cp.py:236, :1030).
+list of 0-d integer tensors all bind. vllm-ascend 0.23.0.post1 relies on it: its CP decode passes
+FIA's `actual_seq_lengths_kv` as a numpy array (built in `AscendAttentionCPMetadataBuilder.build`,
+passed in `AscendAttentionCPImpl._forward_decode_pcp_dcp`), its DCP prefill a CPU tensor
+(`torch.cumsum` in `AscendAttentionCPMetadataBuilder.build`, passed in
+`AscendAttentionCPImpl.forward_impl`).
 
 torch also binds values that are not integer sequences: a dict (its keys), a set, bytes,
 float32 numpy items, Decimal items, Python bools, 2-D arrays of one column, and an iterator,
