@@ -35,9 +35,10 @@ _libraries: list[torch.library.Library] = []  # kept alive: dropping one unregis
 
 class _HcclOptions:
     """`ProcessGroupHCCL.Options`: plain data here. vllm-ascend fills `hccl_config` and reads
-    the fields below back (vllm_ascend/utils.py:1092-1095,
-    patch/worker/_hccl_pg_registry.py:28-44); the gloo group that stands in for HCCL
-    ignores them."""
+    the fields below back (vllm-ascend 0.23.0.post1 `vllm_ascend.utils.create_hccl_pg_options`;
+    `vllm_ascend/patch/worker/_hccl_pg_registry.py`, `_AUDITED_PG_OPTION_FIELDS`,
+    `_REDUNDANT_PG_OPTION_FIELDS` and `_KNOWN_PG_OPTION_DEFAULTS`); the gloo group that stands
+    in for HCCL ignores them."""
 
     def __init__(self, is_high_priority_stream: bool = False) -> None:
         self.hccl_config: dict = {}
@@ -90,7 +91,8 @@ def _acl_memcpy(*args, **kwargs):
 
 def _acl_modules() -> dict[str, ModuleType]:
     """CANN's Python runtime binding (pyACL), which vllm-ascend's sleep-mode allocator imports
-    a name from (`device_allocator/camem.py:27`, `from acl.rt import memcpy`, unused there);
+    a name from (vllm-ascend 0.23.0.post1 `vllm_ascend/device_allocator/camem.py`, its
+    module-level `from acl.rt import memcpy`, unused there);
     NPUWorker's module imports that allocator. Names only."""
     rt = strict_module("acl.rt", "pyACL's runtime: names only.", memcpy=_acl_memcpy)
     acl = strict_module("acl", "CANN's pyACL: names only.", rt=rt)
@@ -101,7 +103,7 @@ def _python_modules(torch_npu: ModuleType) -> dict[str, ModuleType]:
     """torch_npu's Python submodules that vllm-ascend imports names from, and `torch_npu.atb`,
     which torch_npu also registers in `sys.modules` (op-plugin `op_plugin/python/atb/
     _atb_ops.py` `_add_atb_module`) and vllm-ascend reads as an attribute
-    (`device/device_op.py:294`)."""
+    (vllm-ascend 0.23.0.post1 `BaseDeviceAdaptor.kv_cache_load`)."""
     atb_ops = strict_module(
         "torch_npu.op_plugin.atb._atb_ops", "ATB operators: none emulated.",
         _register_atb_extensions=_register_atb_extensions,
@@ -126,7 +128,8 @@ def _npu_kernel_on_host(keyset, op, *args, **kwargs):
 
     vLLM registers its custom operators for the platform's key (`direct_register_custom_op`,
     `NPUPlatform.dispatch_key = "PrivateUse1"`), e.g. `vllm::all_gather`, which vllm-ascend's
-    GroupCoordinator always calls (`patch/worker/patch_distributed.py:125`). Here the tensors
+    GroupCoordinator always calls (vllm-ascend 0.23.0.post1 `GroupCoordinatorPatch.__init__`
+    sets `use_custom_op_call = True`). Here the tensors
     standing for NPU tensors are CPU tensors, so such an operator reaches the CPU key: this
     backend fallback (taken only by operators with no CPU, composite or other kernel) runs
     its PrivateUse1 kernel; any other operator fails naming itself."""

@@ -3,14 +3,14 @@ scheduling's `-1` placeholder.
 
 What goes wrong. Under async scheduling (vLLM's default) the runner writes `-1` into the input
 batch's token row for every token it sampled, to be replaced on the device next step
-(`worker/model_runner_v1.py:2737-2755`, `_bookkeeping_sync`); a row keeps them after its request
-finishes. With PCP, `_prepare_inputs` pads each request for its DualChunkSwap split
-(`pcp_manager.update_tokens_for_pcp`) and gathers the ids of the padded positions from that row
-(`model_runner_v1.py:997-1010`), so a new request in a reused row gets `-1` ids for its
-padding. vLLM's `_prepare_input_ids` then copies the host ids to the device and writes the
-sampled tokens of continuing requests over their positions, by index
-(`vllm/v1/worker/gpu_model_runner.py`, `_prepare_input_ids`): the padding keeps `-1`. Above
-TP 1 the vocabulary-parallel embedding masks it (`ops/vocab_parallel_embedding.py:229-246`);
+(vllm-ascend 0.23.0.post1 `NPUModelRunner._bookkeeping_sync`, `sampled_ids = [-1]`); a row keeps
+them after its request finishes. With PCP, `_prepare_inputs` pads each request for its DualChunkSwap
+split (`pcp_manager.update_tokens_for_pcp`) and gathers the ids of the padded positions from that
+row (`NPUModelRunner._prepare_inputs`, its `token_indices` gather from `token_ids_cpu`), so a new
+request in a reused row gets `-1` ids for its padding. vLLM's `_prepare_input_ids` then copies the
+host ids to the device and writes the sampled tokens of continuing requests over their positions, by
+index (`vllm/v1/worker/gpu_model_runner.py`, `_prepare_input_ids`): the padding keeps `-1`. Above
+TP 1 the vocabulary-parallel embedding masks it (`AscendVocabParallelEmbedding._forward_origin`);
 at TP 1 it is an out-of-range index (IndexError on the host; on Ascend not known here).
 
 What it does. When vllm-ascend imports `model_runner_v1` (workers only), `NPUModelRunner` gets a

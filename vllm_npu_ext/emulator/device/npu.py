@@ -106,7 +106,8 @@ CUBE_CORES, VECTOR_CORES = 20, 40
 
 
 def get_soc_version() -> int:
-    """vllm-ascend maps 220-225 to its A2 device type (utils.py:850-860)."""
+    """vllm-ascend maps 220-225 to its A2 device type (vllm-ascend 0.23.0.post1
+    `vllm_ascend.utils.check_ascend_device_type`)."""
     return SOC_VERSION
 
 
@@ -330,7 +331,9 @@ def _use_mem_pool(*args: Any, **kwargs: Any):
 
 def _memory_module() -> Any:
     """`torch.npu.memory`: names vllm-ascend's sleep-mode allocator annotates with
-    (device_allocator/camem.py:96-110); a pluggable allocator or memory pool is not emulated."""
+    (vllm-ascend 0.23.0.post1 `vllm_ascend/device_allocator/camem.py`,
+    `get_pluggable_allocator` and `use_memory_pool_with_allocator`); a pluggable allocator or
+    memory pool is not emulated."""
     return strict_module(
         f"{NAME}.memory", "Memory pools: names only.",
         NPUPluggableAllocator=not_emulated(f"{NAME}.memory.NPUPluggableAllocator"),
