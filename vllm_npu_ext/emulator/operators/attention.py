@@ -7,22 +7,28 @@ offer (quantisation, other paged layouts, padding, prefixes, other sparse modes,
 raises NotImplementedError rather than computing something else.
 
 Documented limits of the TND (varlen) layout, from torch-npu 2.10.0.post4's
-`torch_npu/_op_plugin_docs.py` (W:line) and op-plugin's FIA doc
-(`docs/zh/custom_APIs/torch_npu/torch_npu-npu_fused_infer_attention_score.md`, OPm:line):
+`torch_npu/_op_plugin_docs.py` (the docstrings of `npu_fused_infer_attention_score`, "FIA", of
+`npu_fused_infer_attention_score_v2`, "FIA v2", and of `npu_fusion_attention`, "FA": each under
+约束说明, cited by the passage's heading) and op-plugin's FIA doc
+(master `docs/zh/custom_APIs/torch_npu/torch_npu-npu_fused_infer_attention_score.md`, section
+"TND布局约束", cited as OPm):
 
-- FIA: bfloat16 only (W:8153, W:8689); Q_D = K_D = V_D = 128, or Q_D = K_D = 192 with
-  V_D 128/192 (W:8686, OPm:388); K_N == V_N with Q_N a multiple, ratio <= 64 (W:8687);
-  at most 4096 sequences (W:8694, OPm:377); T <= 1M (W:8674). W:8674-8694 document
-  npu_fused_infer_attention_score_v2; FIA's own passage W:8149-8156 (Q_D = K_D = 192 only,
-  Q_N == K_N, T <= 65536) is not applied: op-plugin's newer FIA doc drops it (OPm:377-388),
-  and vllm-ascend 0.23 calls FIA in TND with D = 128 and GQA on every Qwen3 prefill (vllm-ascend
-  0.23.0.post1 `AscendAttentionBackendImpl.forward_fused_infer_attention`), tested on Atlas A2
-  (v0.23.0's `tests/ut/attention/a2/test_attention_v1_precision.py`: bfloat16 in
+- FIA: bfloat16 only (FIA "TND场景下query、key、value输入的综合限制"; FIA v2
+  "TND、TND_NTD、NTD_TND场景下query、key、value输入的综合限制", both "数据类型仅支持BFLOAT16"); Q_D
+  = K_D = V_D = 128, or Q_D = K_D = 192 with V_D 128/192 (FIA v2, same passage; OPm, "query D ≠
+  512时"); K_N == V_N with Q_N a multiple, ratio <= 64 (FIA v2, same passage); at most 4096
+  sequences (FIA v2, "元素个数不大于4096"; OPm); T <= 1M (FIA v2, "T小于等于1M"). Those passages
+  document npu_fused_infer_attention_score_v2; FIA's own TND passage (Q_D = K_D = 192 only, Q_N ==
+  K_N, T <= 65536) is not applied: op-plugin's newer FIA doc drops it (OPm), and vllm-ascend 0.23
+  calls FIA in TND with D = 128 and GQA on every Qwen3 prefill (vllm-ascend 0.23.0.post1
+  `AscendAttentionBackendImpl.forward_fused_infer_attention`), tested on Atlas A2 (v0.23.0's
+  `tests/ut/attention/a2/test_attention_v1_precision.py`: bfloat16 in
   `_test_npu_attention_correctness`, Qwen/Qwen3-8B in `test_causal_backend_correctness`). Its
-  "actual_seq_lengths < actual_seq_lengths_kv" for sparse_mode 3 (W:8155, W:8690) is not applied
-  either: vllm-ascend passes equal lengths (`AscendAttentionBackendImpl._get_fia_params`).
-- FA: at most 1024 sequences ("varlen场景下长度最大支持1K", W:1657; B 1~2K, W:1643),
-  T <= 1M (W:1647).
+  "actual_seq_lengths < actual_seq_lengths_kv" for sparse_mode 3 (FIA and FIA v2, same passages) is
+  not applied either: vllm-ascend passes equal lengths
+  (`AscendAttentionBackendImpl._get_fia_params`).
+- FA: at most 1024 sequences ("varlen场景下长度最大支持1K"; B 1~2K, "varlen场景B取值范围1~2K"), T <=
+  1M (FA "varlen场景下", "要求T(B*S)取值范围1~1M").
 """
 
 from __future__ import annotations
@@ -78,10 +84,11 @@ from .attention_paged import checked_paged
 def npu_fused_infer_attention_score(call: BoundCall) -> tuple[torch.Tensor, torch.Tensor]:
     """FIA, as torch_npu documents it (`_attention`); `.out` writes into given tensors.
 
-    `.out` (W:8477-8530) adds `workspace` and `out`. Its registered schema takes `Tensor[] out`
-    (torch_npu/lib/libtorch_npu.so; the wheel's codegen YAML lists `attention_out, softmax_lse`
-    instead), which is how vllm-ascend calls it: `out=[output, softmax_lse]` (vllm-ascend
-    0.23.0.post1 `AscendAttentionBackendImpl.update_graph_params`, `update_encoder_graph_params` in
+    `.out` (its own docstring in `_op_plugin_docs.py`) adds `workspace` and `out`. Its registered
+    schema takes `Tensor[] out` (torch_npu/lib/libtorch_npu.so; the wheel's codegen YAML lists
+    `attention_out, softmax_lse` instead), which is how vllm-ascend calls it:
+    `out=[output, softmax_lse]` (vllm-ascend 0.23.0.post1
+    `AscendAttentionBackendImpl.update_graph_params`, `update_encoder_graph_params` in
     `vllm_ascend/worker/encoder_acl_graph.py`). The result goes into `out[0]` (shape and dtype of
     the result); `softmax_lse` is "reserved, not supported" in the docs, yet vllm-ascend's CP decode
     reads it with `softmax_lse_flag=True` (`AscendAttentionCPImpl._forward_decode_pcp_dcp`): written
@@ -116,8 +123,10 @@ def _write_out(call: BoundCall, out: torch.Tensor, lse: torch.Tensor) -> tuple:
 
 @emulated_operator(FIA_MAX_WORKSPACE, host_only=True)  # aclnn sizing on the host + an allocation
 def _npu_fused_infer_attention_score_get_max_workspace(call: BoundCall) -> torch.Tensor:
-    """The workspace FIA `.out` takes for graph capture (W:8389-8429): "inputs as
-    npu_fused_infer_attention_score", a 1-D tensor of query's dtype (W:8514) whose size is the
+    """The workspace FIA `.out` takes for graph capture (torch-npu 2.10.0.post4
+    `_op_plugin_docs.py`, the `_npu_fused_infer_attention_score_get_max_workspace` docstring):
+    "inputs as npu_fused_infer_attention_score", a 1-D tensor of query's dtype (the
+    `npu_fused_infer_attention_score.out` docstring, 参数说明, workspace) whose size is the
     aclnn's maximum over the sequence lengths (aclnnFusedInferAttentionScoreV3GetMaxWorkspace
     Size). The call is checked as FIA checks it; the stand-in cannot know the aclnn's size, so
     the workspace holds query.numel() elements and remembers the shapes it was sized for."""
@@ -136,9 +145,10 @@ def _attention(call: BoundCall) -> tuple[torch.Tensor, torch.Tensor]:
     like query, LSE float32 `[T, N, 1]` when softmax_lse_flag, else an empty float32 `[0]`: what the
     wheel's C++ and meta kernels allocate, `_meta_registrations.py`,
     `npu_fused_infer_attention_score_forward`; the prose docs say `[1]`). `block_size` without a
-    `block_table` is inert: page attention needs block_table (W:8174, block_size W:8086);
-    vllm-ascend passes block_size=128 with no block table on a prefill without cached tokens
-    (vllm-ascend 0.23.0.post1 `AscendAttentionBackendImpl._get_fia_params`).
+    `block_table` is inert: page attention needs block_table (the FIA docstring, 约束说明, page
+    attention场景, "使能必要条件"; 参数说明, block_size); vllm-ascend passes block_size=128 with no
+    block table on a prefill without cached tokens (vllm-ascend 0.23.0.post1
+    `AscendAttentionBackendImpl._get_fia_params`).
     """
     packed, causal = _checked(call)
     result = varlen_attention(packed, call.scale, causal)

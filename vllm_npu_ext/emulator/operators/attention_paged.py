@@ -10,37 +10,45 @@ H`, `actual_seq_lengths_kv` = this rank's token counts per request, a numpy arra
 block_size, N_kv * D]` ("BnBsH"), an int32 `[B, max_blocks]` block table and `block_size =
 key.shape[1]`.
 
-Rules, from torch-npu 2.10.0.post4's `torch_npu/_op_plugin_docs.py` (W:line):
-- Paging is on when `block_table` is given (W:8174, W:8233); the key/value layout argument
-  is then ignored (W:8174): the cache is `(blocknum, blocksize, H)` or `(blocknum, KV_N,
-  blocksize, D)` with query in BNSD or TND (W:8176, W:8241); only the first is emulated, in
-  TND (the 4-D cache and the other query layouts raise NotImplementedError). key and value
-  have one shape (W:8241); KV_N * D <= 65535 (W:8176, W:8243).
-- `block_table`: int32 (W:8047), 2-D, one row per sequence, at least as many columns as the
-  longest sequence needs (W:8179, W:8240). Its block ids are not validated by the operator
-  (W:8174): the stand-in raises for an id outside the cache (the device would read other
-  memory). `num_blocks` >= the blocks all sequences need together (W:8176, W:8241).
-- `block_size` equals the cache's block axis: for one query token per sequence (decode)
-  non-zero, <= 512 and a multiple of 16 for float16/bfloat16 (W:8236); with more query tokens
-  128..512 in multiples of 128 (W:8175).
-- `actual_seq_lengths_kv` is required (W:8178) and, with paging, per sequence, not
-  cumulative: "在PA场景下, 其长度等于key/value的Batch值, 代表每个Batch的实际长度, 值不大于KV_S"
-  (W:8231, the Q_S = 1 passage); the block counts per sequence are computed from it
-  (W:8176, W:8179, W:8241); vllm-ascend passes per-request lengths in both decodes. The
-  cumulative reading (W:8167) is for key/value in TND layout, which paging ignores (W:8174).
-  `actual_seq_lengths` (query) stays cumulative as in every TND call. Non-negative (W:8231),
-  at most 262144 per sequence for one query token (W:8227).
-- W:8069 lists page attention among what TND does not support on Atlas A2/A3, against
-  W:8176/W:8241 (TND with the paged cache) and W:8231 (TND lengths "在PA场景下"); the stand-in
-  follows the latter, which is what vllm-ascend 0.23 runs on Atlas A2 on every decode.
+Rules, from torch-npu 2.10.0.post4's `torch_npu/_op_plugin_docs.py`, the
+`npu_fused_infer_attention_score` docstring, cited by section: "P" its 参数说明, "S>1" and "S=1" its
+约束说明 passages 当Q_S大于1时 and 当Q_S等于1时, each with a "page attention场景" list ("PA"),
+quoted where a list holds several rules. (The error messages give W:line, the line of the rule in
+that file of that wheel.)
+- Paging is on when `block_table` is given (S>1 PA, "使能必要条件"; S=1 PA, "使能必要条件"); the
+  key/value layout argument is then ignored (S>1 PA, "input_layout参数无效"): the cache is
+  `(blocknum, blocksize, H)` or `(blocknum, KV_N, blocksize, D)` with query in BNSD or TND (S>1 PA
+  and S=1 PA, "kv cache排布"); only the first is emulated, in TND (the 4-D cache and the other query
+  layouts raise NotImplementedError). key and value have one shape (S=1 PA,
+  "key和value的shape需保证一致"); KV_N * D <= 65535 (S>1 PA, "KV_N*D超过65535"; S=1 PA, "超过64k").
+- `block_table`: int32 (P, block_table), 2-D, one row per sequence, at least as many columns as the
+  longest sequence needs (S>1 PA and S=1 PA, "必须为二维"). Its block ids are not validated by the
+  operator (S>1 PA, "不会对blockid的合法性进行校验"): the stand-in raises for an id outside the
+  cache (the device would read other memory). `num_blocks` >= the blocks all sequences need together
+  (S>1 PA and S=1 PA, "blocknum不能小于").
+- `block_size` equals the cache's block axis: for one query token per sequence (decode) non-zero, <=
+  512 and a multiple of 16 for float16/bfloat16 (S=1 PA, block_size); with more query tokens
+  128..512 in multiples of 128 (S>1 PA, block_size).
+- `actual_seq_lengths_kv` is required (S>1 PA, "必须传入actual_seq_lengths_kv") and, with paging,
+  per sequence, not cumulative: "在PA场景下, 其长度等于key/value的Batch值, 代表每个Batch的实际长度,
+  值不大于KV_S" (S=1, actual_seq_lengths_kv); the block counts per sequence are computed from it
+  (S>1 PA and S=1 PA, "blocknum不能小于" and "必须为二维"); vllm-ascend passes per-request lengths
+  in both decodes. The cumulative reading (S>1, actual_seq_lengths_kv) is for key/value in TND
+  layout, which paging ignores (S>1 PA, "input_layout参数无效"). `actual_seq_lengths` (query) stays
+  cumulative as in every TND call. Non-negative (S=1, actual_seq_lengths_kv), at most 262144 per
+  sequence for one query token (S=1, "支持S轴小于等于262144").
+- P's input_layout (its Atlas A2 entry) lists page attention among what TND does not support on
+  Atlas A2/A3, against the "kv cache排布" rules (TND with the paged cache) and S=1's
+  actual_seq_lengths_kv (TND lengths "在PA场景下"); the stand-in follows the latter, which is what
+  vllm-ascend 0.23 runs on Atlas A2 on every decode.
 - The TND domain (bfloat16, D 128) and the head, mask and scale rules are FIA's own
-  (`attention.py`). A sequence with no visible key raises, as without paging, except a
-  decode query (one token) whose sequence has no key at all in this cache: vllm-ascend makes
-  that call wherever a CP rank holds none of a request's keys yet (short requests, the capture
-  warm-up's dummy batch, `pcp_utils._get_cp_local_seq_lens`), and W:8231 allows a key count of
-  0, but no passage says what FIA writes for it. Not read from a source: the stand-in writes
-  NaN to that row's output and LSE, so only a caller that discards them stays correct (the CP
-  merge masks such rows, `vllm_npu_ext.patches.vllm_ascend_cp.empty_shard_masks`).
+  (`attention.py`). A sequence with no visible key raises, as without paging, except a decode query
+  (one token) whose sequence has no key at all in this cache: vllm-ascend makes that call wherever a
+  CP rank holds none of a request's keys yet (short requests, the capture warm-up's dummy batch,
+  `pcp_utils._get_cp_local_seq_lens`), and S=1's actual_seq_lengths_kv allows a key count of 0, but
+  no passage says what FIA writes for it. Not read from a source: the stand-in writes NaN to that
+  row's output and LSE, so only a caller that discards them stays correct (the CP merge masks such
+  rows, `vllm_npu_ext.patches.vllm_ascend_cp.empty_shard_masks`).
 
 Token j of sequence b is row j % block_size of block `block_table[b, j // block_size]`; the
 gathered keys and values then go through the same float32 attention as unpaged calls.
@@ -134,7 +142,7 @@ def _require_paged_layout(call: BoundCall) -> None:
 
 
 def _require_cache_shape(key: torch.Tensor, value: torch.Tensor, kv_heads: int, head_dim: int):
-    """key/value `[num_blocks, block_size, KV_N * D]`, one shape (W:8241), KV_N * D <= 65535."""
+    """key/value `[num_blocks, block_size, KV_N * D]`, one shape (S=1 PA), KV_N * D <= 65535."""
     if key.shape != value.shape:
         raise ValueError(
             f"{FIA}: paged key and value must have one shape (W:8241), got {tuple(key.shape)} "
@@ -153,7 +161,8 @@ def _require_cache_shape(key: torch.Tensor, value: torch.Tensor, kv_heads: int, 
 
 
 def _per_sequence_lengths(lengths: list[int] | None, batch: int, decode: bool) -> list[int]:
-    """`actual_seq_lengths_kv` with paging: one key count per sequence (W:8231)."""
+    """`actual_seq_lengths_kv` with paging: one key count per sequence (S=1,
+    actual_seq_lengths_kv)."""
     name = "actual_seq_lengths_kv"
     if lengths is None:
         raise ValueError(f"{FIA}: argument {name!r} is required with block_table (W:8178)")
@@ -173,8 +182,8 @@ def _per_sequence_lengths(lengths: list[int] | None, batch: int, decode: bool) -
 
 
 def _block_size(block_size: int, key: torch.Tensor, decode: bool) -> int:
-    """The cache's block axis; decode: 1..512, multiple of 16 (W:8236); else 128..512, multiple
-    of 128 (W:8175)."""
+    """The cache's block axis; decode: 1..512, multiple of 16 (S=1 PA, block_size); else 128..512,
+    multiple of 128 (S>1 PA, block_size)."""
     if block_size != key.shape[1]:
         raise ValueError(
             f"{FIA}: argument 'block_size' is {block_size} but the paged key has blocks of "
@@ -190,7 +199,7 @@ def _block_size(block_size: int, key: torch.Tensor, decode: bool) -> int:
 
 
 def _block_ids(table: torch.Tensor, key_lens: list[int], block_size: int, num_blocks: int):
-    """Per sequence, the ids of the blocks its keys occupy (W:8047, W:8174, W:8240, W:8241)."""
+    """Per sequence, the ids of the blocks its keys occupy (P, block_table; S>1 PA and S=1 PA)."""
     if table.dtype != torch.int32:
         raise TypeError(f"{FIA}: argument 'block_table' must be int32 (W:8047), got {table.dtype}")
     if table.dim() != 2 or table.shape[0] != len(key_lens):

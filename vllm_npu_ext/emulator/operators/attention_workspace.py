@@ -1,14 +1,15 @@
 """FIA workspaces for ACL-graph capture: which shapes each one was sized for.
 
 `_npu_fused_infer_attention_score_get_max_workspace` returns a workspace tensor sized by the aclnn's
-maximum over every sequence-length assignment of the call's shapes (W:8389-8429: "获取最大workspace
-size并创建一个此size大小的tensor"), so that FIA `.out` captured in a graph can take new host lengths
-on every replay (`graph_task_update_begin/end`) with the memory it was captured with (vllm-ascend
-0.23.0.post1: `AscendAttentionBackendImpl.full_graph_fia`,
-`AscendMMEncoderAttention._forward_capture_fia`). The stand-in cannot compute the aclnn's size; it
-remembers, per workspace memory, the shapes and host arguments the workspace was asked for, and FIA
-`.out` refuses a workspace it did not size, or one sized for other shapes (more tokens, other heads
-or layouts would need a larger workspace on the device: a silent overrun, not an error there).
+maximum over every sequence-length assignment of the call's shapes (its docstring in torch-npu
+2.10.0.post4's `_op_plugin_docs.py`: "获取最大workspace size并创建一个此size大小的tensor"), so that
+FIA `.out` captured in a graph can take new host lengths on every replay
+(`graph_task_update_begin/end`) with the memory it was captured with (vllm-ascend 0.23.0.post1:
+`AscendAttentionBackendImpl.full_graph_fia`, `AscendMMEncoderAttention._forward_capture_fia`). The
+stand-in cannot compute the aclnn's size; it remembers, per workspace memory, the shapes and host
+arguments the workspace was asked for, and FIA `.out` refuses a workspace it did not size, or one
+sized for other shapes (more tokens, other heads or layouts would need a larger workspace on the
+device: a silent overrun, not an error there).
 
 The batch count: in TND layout it is the number of entries of `actual_seq_lengths`, a host
 argument, not a shape. torch-npu 2.10.0.post4's documentation of
@@ -62,7 +63,9 @@ def remember(workspace: torch.Tensor, call: BoundCall) -> None:
 
 def require_workspace(call: BoundCall) -> None:
     """FIA `.out`'s `workspace`: None (the operator allocates its own), or a 1-D tensor of
-    query's dtype (W:8514) that the max-workspace operator sized for this call's shapes."""
+    query's dtype (torch-npu 2.10.0.post4 `_op_plugin_docs.py`, the
+    `npu_fused_infer_attention_score.out` docstring, 参数说明, workspace) that the max-workspace
+    operator sized for this call's shapes."""
     workspace = call.workspace
     if workspace is None:
         return

@@ -8,16 +8,16 @@ norm-quant fusion pass registers the pattern add_rms_norm -> dynamic_quant and i
 models never quantise, so the passes match nothing in them; without these operators a bf16 model did
 not start in graph mode under the stand-in.
 
-From torch-npu 2.10.0.post4 `_op_plugin_docs.py` (W:line):
-- npu_dynamic_quant (W:4611-4650): `scale = rowMax(|x * smooth_scales|) / DTYPE_MAX`,
+From torch-npu 2.10.0.post4 `_op_plugin_docs.py` (each operator's docstring there):
+- npu_dynamic_quant: `scale = rowMax(|x * smooth_scales|) / DTYPE_MAX`,
   `y = round(x * smooth_scales / scale)`; x float16/bfloat16 with more than one dimension;
   smooth_scales 1-D of x's last size and x's dtype; scale float32 of x's shape without the last
-  dimension. Emulated: int8 output (dst_type None or 1, torch.int8's enum), quant_mode
-  "pertoken", no group_index (MoE).
-- npu_add_rms_norm_dynamic_quant (W:12138-12175): x_out = x1 + x2, y = rms_norm(x_out) * gamma
-  (+ beta), then up to two such quantisations (smooth_scale1, smooth_scale2); x1/x2 2-8
-  dimensions, float16/bfloat16; gamma, beta and the smooth scales 1-D of x1's last size and
-  its dtype; the output_mask rules of W:12161-12164. y2 and scale2 carry no meaning without
+  dimension. Emulated: int8 output (dst_type None or 1, torch.int8's enum), quant_mode "pertoken",
+  no group_index (MoE).
+- npu_add_rms_norm_dynamic_quant: x_out = x1 + x2, y = rms_norm(x_out) * gamma (+ beta), then up to
+  two such quantisations (smooth_scale1, smooth_scale2); x1/x2 2-8 dimensions, float16/bfloat16;
+  gamma, beta and the smooth scales 1-D of x1's last size and its dtype; the output_mask rules of
+  its 约束说明 ("当outputMaskOptional不为空时..."). y2 and scale2 carry no meaning without
   smooth_scale2; y2 is then `[0]`, as the wheel's meta kernel gives it (the prose says `[1]`).
   Emulated: int8 output (y_dtype None or torch.int8).
 
@@ -26,19 +26,19 @@ variants, registered in `AddRMSNormQuantFusionPass.__init__` where its operator 
 `enable_custom_op()`) trace `torch.ops.vllm.quantize`, which calls `npu_quantize(x,
 scale_reciprocal, offset, torch.qint8, -1, False)` (`vllm_ascend/ops/register_custom_ops.py`,
 `_quantize_impl` and `_quantize_impl_fake`), and the replacement `npu_add_rms_norm_quant`:
-- npu_quantize (W:11291-11340): div_mode True `y = input / scales + zero_points`, False
+- npu_quantize: div_mode True `y = input / scales + zero_points`, False
   `y = input * scales + zero_points`; scales (and zero_points, of scales' shape) 1-D of the
-  quantised axis' size or 1, or input's rank with 1s outside that axis; with div_mode False
-  the axis is the last one unless axis is -2. Emulated: int8 output (dtype torch.qint8 or its
-  enum 12, torch.int8's 1; the wheel's meta kernel M:4990-5014 gives int8 for both), the
-  last axis (axis -1, or any axis > -2 with div_mode False, or the last of the input's with
-  div_mode True); input float32/float16/bfloat16, scales float32/float16/bfloat16.
-- npu_add_rms_norm_quant (W:12240-12265): x_out = x1 + x2, y = rms_norm(x_out) * gamma
-  (+ beta), y1 = quantize(y, scales1, zero_points1) (division by scales1 when div_mode, as
-  npu_quantize), y2 the same with scales2 where given; x1/x2 1-8 dimensions float16/bfloat16,
-  gamma and beta of x1's dtype and its normalised shape, scales1/2 float32 or bfloat16 and
-  zero_points1/2 int32 or bfloat16 of gamma's shape; axis -1 only (the meta kernel checks it,
-  M:6078-6088, which gives y2 x1's shape: zeros here without scales2).
+  quantised axis' size or 1, or input's rank with 1s outside that axis; with div_mode False the axis
+  is the last one unless axis is -2. Emulated: int8 output (dtype torch.qint8 or its enum 12,
+  torch.int8's 1; the wheel's meta kernel `npu_quantize_meta` gives int8 for both), the last axis
+  (axis -1, or any axis > -2 with div_mode False, or the last of the input's with div_mode True);
+  input float32/float16/bfloat16, scales float32/float16/bfloat16.
+- npu_add_rms_norm_quant: x_out = x1 + x2, y = rms_norm(x_out) * gamma (+ beta), y1 = quantize(y,
+  scales1, zero_points1) (division by scales1 when div_mode, as npu_quantize), y2 the same with
+  scales2 where given; x1/x2 1-8 dimensions float16/bfloat16, gamma and beta of x1's dtype and its
+  normalised shape, scales1/2 float32 or bfloat16 and zero_points1/2 int32 or bfloat16 of gamma's
+  shape; axis -1 only (the meta kernel checks it, `npu_add_rms_norm_quant` in
+  `_meta_registrations.py`, which gives y2 x1's shape: zeros here without scales2).
 
 Computed in float32 (the normalised value is not rounded to x1's dtype before quantising);
 ties round to even (`torch.round`; the docs say "round"); a row of zeros gets scale 0 and y 0.

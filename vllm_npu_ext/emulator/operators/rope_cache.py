@@ -1,23 +1,26 @@
 """Emulated `npu_mrope` (aclnnRopeWithSinCosCache): q and k rotated in one launch, from vLLM's
 `cos_sin_cache` and the token positions.
 
-Contract, from torch-npu 2.10.0.post4's docs (W:3572-3604) and the aclnn operator's
+Contract, from torch-npu 2.10.0.post4's docs (the `npu_mrope` docstring of
+`_op_plugin_docs.py`, cited as W with its section and parameter) and the aclnn operator's
 (hicann ops-transformer `posembedding/rope_with_sin_cos_cache/docs/aclnnRopeWithSinCosCache.md`,
 "约束说明", cited as AD):
-- positions 1-D `[T]` (rope mode) or 2-D `[3, T]` (mrope mode), int32/int64 (W:3578; AD lists
-  int64), values < cos_sin_cache's max_seq_len (W:3590, AD);
+- positions 1-D `[T]` (rope mode) or 2-D `[3, T]` (mrope mode), int32/int64 (W 参数说明, positions;
+  AD lists int64), values < cos_sin_cache's max_seq_len (W 约束说明, "越界"; AD);
 - query `[T, Nq*head_size]`, key `[T, Nk*head_size]`, cos_sin_cache `[max_seq_len, rotary_dim]`,
-  all 2-D (W:3588, AD) and of one dtype (AD), bfloat16/float16/float32 (W:3579-3581);
+  all 2-D (W 约束说明, "只支持2维"; AD) and of one dtype (AD), bfloat16/float16/float32 (W 参数说明,
+  queryIn, keyIn, cosSinCache);
 - head_size and rotary_dim multiples of 32 for bfloat16/float16 and of 16 for float32,
-  rotary_dim <= head_size (AD; W:3589 states the rotary_dim rule);
+  rotary_dim <= head_size (AD; W 约束说明 states the rotary_dim rule);
 - `cos, sin = cos_sin_cache[positions].chunk(2, -1)`; on the first rotary_dim elements of each
   head, 'half' (GPT-NeoX): `o1 = x1 cos - x2 sin, o2 = x2 cos + x1 sin` over the two halves,
   'interleave' (GPT-J): the same over even/odd elements; the rest of the head passes (AD's
-  formula). Returns new tensors like query and key (the wheel's meta, M:6173-6175).
+  formula). Returns new tensors like query and key (the wheel's meta, `npu_mrope_meta` in
+  `torch_npu/op_plugin/meta/_meta_registrations.py`).
 
-Emulated: rope mode (1-D positions; `mrope_section` None or [0, 0, 0], which W:3584 names the
-rope mode) with cache_mode 'default'. mrope mode (2-D positions) and cache_mode 'interleave'
-raise NotImplementedError. Computed in float32, returned in the input dtype.
+Emulated: rope mode (1-D positions; `mrope_section` None or [0, 0, 0], which W 参数说明,
+mropeSection, names the rope mode) with cache_mode 'default'. mrope mode (2-D positions) and
+cache_mode 'interleave' raise NotImplementedError. Computed in float32, returned in the input dtype.
 """
 
 from __future__ import annotations

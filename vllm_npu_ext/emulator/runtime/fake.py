@@ -1,7 +1,7 @@
 """Fake (meta) kernels of the emulated operators: output shapes and dtypes only.
 
 Each follows the meta registration of the same operator in the pinned torch-npu 2.10.0.post4
-wheel (`torch_npu/op_plugin/meta/_meta_registrations.py`, cited as M:line), which is what
+wheel (`torch_npu/op_plugin/meta/_meta_registrations.py`, cited as M `function`), which is what
 `torch.compile` sees on a real NPU. Only the non-quantised cases the emulator implements are
 covered in detail; quantised dtypes follow M's dtype rules.
 """
@@ -15,7 +15,8 @@ import torch
 
 from .schema import BoundCall, bind_overload
 
-# input_layout -> (query layout, attention_out layout, query rank), M:1747-1776.
+# input_layout -> (query layout, attention_out layout, query rank):
+# M `get_query_and_attention_out_layout`.
 FIA_LAYOUTS = {
     "BSH": ("BSH", "BSH", 3), "BSND": ("BSND", "BSND", 4), "BNSD": ("BNSD", "BNSD", 4),
     "TND": ("TND", "TND", 3), "NTD": ("NTD", "NTD", 3), "BNSD_BSND": ("BNSD", "BSND", 4),
@@ -29,7 +30,7 @@ INT4_IN_INT32 = 8
 
 
 def _rstd_shape(x: torch.Tensor, gamma: torch.Tensor) -> list[int]:
-    """x's leading dims, 1 over gamma's (M:2696-2703)."""
+    """x's leading dims, 1 over gamma's (M `npu_rms_norm_meta`)."""
     kept = x.dim() - gamma.dim()
     return [x.size(i) if i < kept else 1 for i in range(x.dim())]
 
@@ -37,32 +38,33 @@ def _rstd_shape(x: torch.Tensor, gamma: torch.Tensor) -> list[int]:
 def rms_norm(call: BoundCall):
     x = call.input
     rstd = x.new_empty(_rstd_shape(x, call.gamma), dtype=torch.float32)
-    return torch.empty_like(x), rstd  # M:2695-2705
+    return torch.empty_like(x), rstd  # M `npu_rms_norm_meta`
 
 
 def add_rms_norm(call: BoundCall):
     x1 = call.x1
     rstd = x1.new_empty(_rstd_shape(x1, call.gamma), dtype=torch.float32)
-    return torch.empty_like(x1), rstd, torch.empty_like(x1)  # M:2721-2730
+    return torch.empty_like(x1), rstd, torch.empty_like(x1)  # M `npu_add_rms_norm_meta`
 
 
 def rotary_mul(call: BoundCall):
-    return torch.empty_like(call.input)  # M:2444-2446
+    return torch.empty_like(call.input)  # M `npu_rotary_mul_meta`
 
 
 def swiglu(call: BoundCall):
     x = call.input
     size = list(x.shape)
     size[call.dim] = size[call.dim] // 2  # M's floor(size / 2), kept integer for symbolic sizes
-    return x.new_empty(size)  # M:5727-5733
+    return x.new_empty(size)  # M `npu_swiglu_meta`
 
 
 def linear(call: BoundCall):
-    return call.input.new_empty((call.input.size(0), call.weight.size(0)))  # M:5690-5694
+    return call.input.new_empty((call.input.size(0), call.weight.size(0)))  # M `npu_linear_meta`
 
 
 def grouped_matmul(call: BoundCall):
-    """split_item 0: one `[*x_i.shape[:-1], N_i]` per x; 2/3: one `[sum M, N]` (M:3537-3621)."""
+    """split_item 0: one `[*x_i.shape[:-1], N_i]` per x; 2/3: one `[sum M, N]`
+    (M `npu_grouped_matmul_meta`)."""
     x, weight = call.x, call.weight
     single_weight = len(weight) == 1 and weight[0].dim() == 3
     n = weight[0].shape[2] if single_weight else weight[0].shape[1]
@@ -86,7 +88,7 @@ def grouped_matmul(call: BoundCall):
 
 
 def _b_s_n_d(query: torch.Tensor, layout: str, num_heads: int) -> tuple[int, int, int, int]:
-    """(B, S, N, D) of a non-TND query (M:1787-1815)."""
+    """(B, S, N, D) of a non-TND query (M `get_query_b_s_n_d`)."""
     if layout == "BSH":
         return query.size(0), query.size(1), num_heads, query.size(2) // num_heads
     if layout == "BSND":
@@ -97,7 +99,8 @@ def _b_s_n_d(query: torch.Tensor, layout: str, num_heads: int) -> tuple[int, int
 
 
 def _fia_value_d(call: BoundCall, query_layout: str, kv_heads: int) -> int:
-    """The value head size (M:1837-1874), x8 for int4 packed in int32 (M:1868-1874)."""
+    """The value head size (M `get_value_d`), x8 for int4 packed in int32
+    (M `get_change_d_scale`)."""
     value = call.value
     if call.block_table is not None:
         value_d = {3: lambda: value.size(2) // kv_heads, 4: lambda: value.size(3),
@@ -112,7 +115,8 @@ def _fia_value_d(call: BoundCall, query_layout: str, kv_heads: int) -> int:
 
 
 def _fia_out_shape(call: BoundCall, query_layout: str, out_layout: str, value_d: int):
-    """attention_out's shape (M:1902-1934); D falls back to query's when either is 0."""
+    """attention_out's shape (M `infer_attention_out_shape`); D falls back to query's when either
+    is 0."""
     query = call.query
     if query_layout in ("TND", "NTD"):
         t, n, d = (query.size(0), query.size(1), query.size(2)) if query_layout == "TND" else (
@@ -129,7 +133,8 @@ def _fia_out_shape(call: BoundCall, query_layout: str, out_layout: str, value_d:
 
 
 def fused_infer_attention_score(call: BoundCall):
-    """(attention_out, softmax_lse): lse `[0]` float32 unless softmax_lse_flag (M:1950-1997)."""
+    """(attention_out, softmax_lse): lse `[0]` float32 unless softmax_lse_flag
+    (M `npu_fused_infer_attention_score_forward`)."""
     query = call.query
     if call.input_layout not in FIA_LAYOUTS:
         raise ValueError(f"npu_fused_infer_attention_score: layout {call.input_layout!r}")
@@ -157,7 +162,8 @@ def fused_infer_attention_score(call: BoundCall):
 
 
 def fusion_attention(call: BoundCall):
-    """(out like query, softmax_max, softmax_sum, softmax_out [0], 0, 0, 0) (M:2174-2211)."""
+    """(out like query, softmax_max, softmax_sum, softmax_out [0], 0, 0, 0)
+    (M `npu_fusion_attention_forward`)."""
     query, heads, layout = call.query, call.head_num, call.input_layout
     batch, seq = query.size(0), query.size(2) if query.dim() > 2 else 0
     if layout == "BSH":
@@ -173,7 +179,8 @@ def fusion_attention(call: BoundCall):
 
 
 def attention_update(call: BoundCall):
-    """(out like local_out[0], lse like lse[0]) for every update_type (M:6091-6097)."""
+    """(out like local_out[0], lse like lse[0]) for every update_type
+    (M `npu_attention_update_meta`)."""
     return torch.empty_like(call.local_out[0]), torch.empty_like(call.lse[0])
 
 
@@ -184,13 +191,15 @@ def format_cast(call: BoundCall):
 
 
 def dynamic_quant(call: BoundCall):
-    """(y int8 like input, scale float32 of input.shape[:-1]) for int8 per-token (M:5036-5067)."""
+    """(y int8 like input, scale float32 of input.shape[:-1]) for int8 per-token
+    (M `npu_dynamic_quant`)."""
     x = call.input
     return torch.empty_like(x, dtype=torch.int8), x.new_empty(x.shape[:-1], dtype=torch.float32)
 
 
 def add_rms_norm_dynamic_quant(call: BoundCall):
-    """(y1, y2, x_out, scale1, scale2); y2 `[0]` unless output_mask[1] (M:2874-2890)."""
+    """(y1, y2, x_out, scale1, scale2); y2 `[0]` unless output_mask[1]
+    (M `npu_add_rms_norm_dynamic_quant_meta`)."""
     x1, mask = call.x1, call.output_mask
     y2_shape = x1.shape if mask is None or (len(mask) > 1 and mask[1]) else (0,)
     scale = x1.new_empty(x1.shape[:-1], dtype=torch.float32)
@@ -199,19 +208,19 @@ def add_rms_norm_dynamic_quant(call: BoundCall):
 
 
 def quantize(call: BoundCall):
-    """int8 like self for torch.qint8 / int8 (M:4990-5014)."""
+    """int8 like self for torch.qint8 / int8 (M `npu_quantize_meta`)."""
     return torch.empty_like(call.input, dtype=torch.int8)
 
 
 def add_rms_norm_quant(call: BoundCall):
-    """(y1 int8, y2 int8, x_out like x1), all of x1's shape (M:6078-6088)."""
+    """(y1 int8, y2 int8, x_out like x1), all of x1's shape (M `npu_add_rms_norm_quant`)."""
     x1 = call.x1
     return torch.empty_like(x1, dtype=torch.int8), torch.empty_like(x1, dtype=torch.int8), \
         torch.empty_like(x1)
 
 
 def mrope(call: BoundCall):
-    """New tensors like query and key (M:6173-6175)."""
+    """New tensors like query and key (M `npu_mrope_meta`)."""
     return torch.empty_like(call.query), torch.empty_like(call.key)
 
 
