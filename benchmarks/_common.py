@@ -21,8 +21,9 @@ from pathlib import Path
 
 from vllm_npu_ext.tiny_model import corpus
 
-# Qwen3-Embedding's query format (documents get no instruction).
+# Qwen3-Embedding's query format (documents get no instruction) and its model card's task.
 QUERY_FORMAT = "Instruct: {task}\nQuery:{text}"
+MODEL_CARD_TASK = "Given a web search query, retrieve relevant passages that answer the query"
 
 
 def pass_seed(*parts: object) -> int:
@@ -63,6 +64,18 @@ class TextMaker:
         """Short queries (8..max_tokens tokens) behind one shared instruction `task`."""
         texts = self.mixed(count, seed, min(8, max_tokens), max_tokens)
         return [QUERY_FORMAT.format(task=task, text=text) for text in texts]
+
+    def model_card_queries(self, count: int, seed: int, min_words: int, max_words: int):
+        """`count` queries of min_words..max_words words behind the model card's task."""
+        rng = random.Random(seed)
+        words = " ".join(corpus(num_sentences=4 * count, seed=seed)).split()
+        queries = []
+        for _ in range(count):
+            length = rng.randint(min_words, max_words)
+            start = rng.randrange(len(words) - length)
+            text = " " + " ".join(words[start : start + length])
+            queries.append(QUERY_FORMAT.format(task=MODEL_CARD_TASK, text=text))
+        return queries
 
     def instruction(self, num_tokens: int) -> str:
         """A fixed task description of about `num_tokens` tokens (the shared prefix)."""

@@ -51,15 +51,28 @@ class VllmSide:
             model=spec["model"], runner="pooling", dtype=spec["dtype"],
             max_model_len=spec["max_model_len"], seed=0,
             gpu_memory_utilization=spec["gpu_memory_utilization"],
-            **(engine_args or {"convert": "embed"}),
+            **(engine_args or {"convert": "embed"}), **spec.get("engine_args", {}),
         )  # fmt: skip
+        self.prompt_tokens = self.cached_tokens = 0
 
     def embed(self, texts: list[str], batch_size: int) -> list[list[float]]:
         """One `LLM.embed` call per `batch_size` texts, in order."""
         out = []
         for chunk in chunks(texts, batch_size):
-            out += [o.outputs.embedding for o in self.llm.embed(list(chunk), use_tqdm=False)]
+            out += [o.outputs.embedding
+                    for o in self.counted(self.llm.embed(list(chunk), use_tqdm=False))]
         return out
+
+    def counted(self, outputs: list) -> list:
+        """`outputs` of vLLM, their prompt and prefix-cache tokens counted."""
+        self.prompt_tokens += sum(len(o.prompt_token_ids) for o in outputs)
+        self.cached_tokens += sum(o.num_cached_tokens or 0 for o in outputs)
+        return outputs
+
+    def computed_tokens(self) -> int:
+        """Prompt tokens the engine computed so far: neither prefix-cache hits nor rows of
+        prefixes the plugin shared (`model_executor/shared_prefix.py`)."""
+        return self.prompt_tokens - self.cached_tokens - self.llm.apply_model(_shared_away)[0]
 
     def info(self) -> dict:
         config = self.llm.llm_engine.vllm_config
@@ -73,6 +86,12 @@ class VllmSide:
             "model_classes": self.llm.apply_model(class_names)[0],
             "torch_threads": self.llm.collective_rpc(_torch_threads)[0],
         }
+
+
+def _shared_away(model) -> int:
+    """Tokens the plugin's model did not compute thanks to shared prefixes (0 elsewhere)."""
+    sharing = getattr(model, "shared_prefixes", None)
+    return 0 if sharing is None else sharing.stats.tokens - sharing.stats.computed_tokens
 
 
 def _torch_threads(worker) -> int:
@@ -129,6 +148,9 @@ class HfSide:
             vectors = torch.nn.functional.normalize(hidden.float(), dim=-1)
         return vectors.cpu().tolist()
 
+    def computed_tokens(self) -> None:
+        return None  # every padded token: not counted
+
     def info(self) -> dict:
         return {
             "kv_cache_bytes": 0,
@@ -141,6 +163,9 @@ class HfSide:
 
 
 def scenario_texts(maker: TextMaker, scenario: dict, count: int, seed: int) -> list[str]:
+    if scenario.get("kind") == "model_card":
+        return maker.model_card_queries(count, seed, scenario["min_words"],
+                                        scenario["max_words"])  # fmt: skip
     if scenario["prefix_tokens"] > 0:
         task = maker.instruction(scenario["prefix_tokens"])
         return maker.queries(count, seed, task, scenario["max_tokens"])
@@ -159,22 +184,29 @@ def timed_pass(side, maker: TextMaker, command: dict) -> dict:
     seed = pass_seed(scenario["name"], batch_size, command["repeat"])
     texts = scenario_texts(maker, scenario, scenario["texts_per_pass"], seed)
     tokens = maker.count_tokens(texts)
-    return pass_record(command, lambda: side.embed(texts, batch_size), len(texts), tokens)
+    return pass_record(command, lambda: side.embed(texts, batch_size), len(texts), tokens, side)
 
 
-def pass_record(command: dict, run, count: int, tokens: int) -> dict:
-    """Time `run()`, which must return `count` results, as the pass `command` asks for."""
+def pass_record(command: dict, run, count: int, tokens: int, side=None) -> dict:
+    """Time `run()`, which must return `count` results, as the pass `command` asks for; with
+    `side`, also the tokens it computed, and with the scenario's `keep_outputs` the results."""
     scenario, batch_size, repeat = command["scenario"], command["batch_size"], command["repeat"]
+    before = side.computed_tokens() if side is not None else None
     start = time.perf_counter()
     results = run()
     seconds = time.perf_counter() - start
     if len(results) != count:
         raise RuntimeError(f"{count} inputs gave {len(results)} results")
     print(f"{scenario['name']} bs={batch_size} #{repeat}: {seconds:.2f} s", flush=True)
-    return {
+    record = {
         "scenario": scenario["name"], "batch_size": batch_size, "repeat": repeat,
         "texts": count, "tokens": tokens, "seconds": seconds, "load": os.getloadavg()[0],
     }  # fmt: skip
+    if before is not None:
+        record["computed_tokens"] = side.computed_tokens() - before
+    if scenario.get("keep_outputs"):
+        record["outputs"] = results
+    return record
 
 
 def check(side, maker: TextMaker, command: dict) -> dict:

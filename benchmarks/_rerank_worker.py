@@ -44,7 +44,7 @@ class VllmRerankSide(VllmSide):
         for query, documents in groups:
             outputs = self.llm.score(query, documents, chat_template=self.template,
                                      use_tqdm=False)  # fmt: skip
-            scores += [output.outputs.score for output in outputs]
+            scores += [output.outputs.score for output in self.counted(outputs)]
         return scores
 
 
@@ -100,7 +100,7 @@ def timed_pass(side, maker: TextMaker, command: dict) -> dict:
     seed = pass_seed(scenario["name"], batch_size, command["repeat"])
     groups = pass_groups(maker, scenario, count, batch_size, seed)
     tokens = prompt_tokens(maker, groups)
-    return pass_record(command, lambda: side.score(groups, batch_size), count, tokens)
+    return pass_record(command, lambda: side.score(groups, batch_size), count, tokens, side)
 
 
 def check(side, maker: TextMaker, command: dict) -> dict:

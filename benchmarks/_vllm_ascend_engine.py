@@ -247,6 +247,9 @@ def main() -> None:
                         "boundaries (a broken update)")  # fmt: skip
     parser.add_argument("--rerank", metavar="QUERY", help="serve MODEL as Qwen3-Reranker (our "
                         "overrides and template) and score QUERY against the texts")  # fmt: skip
+    parser.add_argument("--count-all-texts", action="store_true", help="count the launches of "
+                        "a forward of all the texts (one step: their shared prefixes computed "
+                        "once), not of the first text alone")  # fmt: skip
     args = parser.parse_args()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if args.stock:
@@ -298,8 +301,9 @@ def main() -> None:
     _runtime.reset_counts()
     # Eager: a decoder layer's forward hooks see its operators. Compiled (graph mode), the
     # layers are not Python modules that run: the whole forward is counted instead.
-    layer = _layer_counts(model, lambda: outputs(texts[:1]))
-    forward = _forward_counts(lambda: outputs(texts[:1]))
+    counted = texts if args.count_all_texts else texts[:1]
+    layer = _layer_counts(model, lambda: outputs(counted))
+    forward = _forward_counts(lambda: outputs(counted))
     config = llm.llm_engine.vllm_config
     generator = torch.Generator().manual_seed(0)
     vocab = config.model_config.get_vocab_size()

@@ -49,6 +49,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import _shared_prefix_bench as shared_prefix_bench  # noqa: E402
 from _common import Worker, log  # noqa: E402
 from _embed_report import report  # noqa: E402
 
@@ -64,6 +65,7 @@ class Side:
     kind: str  # "vllm" or "hf"
     env: dict[str, str]
     dtype: str | None = None  # None: --dtype
+    engine_args: dict = dataclasses.field(default_factory=dict)  # more vllm.LLM arguments
 
 
 def vllm_plugins(include_ours: bool) -> str:
@@ -156,6 +158,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "bf16/fp16")  # fmt: skip
     parser.add_argument("--ablation", choices=("auto", "on", "off"), default="auto",
                         help="per-fusion runs (auto: only with an Ascend NPU)")  # fmt: skip
+    parser.add_argument("--shared-prefix", action="store_true",
+                        help="instead: the shared-prefix workloads (a) and (c), plugin with "
+                        "and without sharing against stock at block sizes 128 and 16 "
+                        "(_shared_prefix_bench.py)")  # fmt: skip
     add_run_arguments(parser)
     args = parser.parse_args(argv)
     _fill_defaults(args)
@@ -220,7 +226,8 @@ class Bench:
             "kind": side.kind, "model": str(self.model), "dtype": side.dtype or self.args.dtype,
             "max_model_len": self.args.max_model_len, "device": self.args.device,
             "gpu_memory_utilization": self.args.gpu_memory_utilization,
-            "emulate": self.args.emulate and side.name not in ("stock", "hf"),
+            "emulate": self.args.emulate and side.kind == "vllm"
+            and not side.name.startswith("stock"), "engine_args": side.engine_args,
         }  # fmt: skip
         worker = Worker([str(self.worker), json.dumps(spec)], side.env,
                         self.work_dir / f"{side.name}.log", self.args.timeout)  # fmt: skip
@@ -299,6 +306,10 @@ def run(bench: Bench, chosen: list[str], catalogue: dict[str, dict]) -> None:
 def main(argv=None) -> int:
     args = parse_args(argv)
     model = args.model or default_model(args.quick)
+    if args.shared_prefix:
+        scenarios = shared_prefix_bench.embed_scenarios(args.repeats)
+        return shared_prefix_bench.execute(args, model, WORKER, Bench, scenarios, scores=False,
+                                           bound=MIN_COSINE_VS_HF[args.dtype])  # fmt: skip
     oracle = OracleCheck("min_cosine_vs_hf", "min cosine to hf", MIN_COSINE_VS_HF, at_least=True)
     return execute(args, model, WORKER, lambda bench: run(bench, args.sides, scenarios(args)),
                    report, oracle)  # fmt: skip

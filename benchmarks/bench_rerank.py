@@ -31,6 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import _shared_prefix_bench as shared_prefix_bench  # noqa: E402
 from _common import markdown_table  # noqa: E402
 from _embed_report import (  # noqa: E402
     GIB,
@@ -70,6 +71,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=384, help="longest document")
     parser.add_argument("--query-tokens", type=int, default=32, help="longest query")
     parser.add_argument("--sides", type=lambda s: s.split(","), default=list(SIDES))
+    parser.add_argument("--shared-prefix", action="store_true",
+                        help="instead: workload (b), one query against 32 documents, plugin "
+                        "with and without sharing against stock at block sizes 128 and 16 "
+                        "(_shared_prefix_bench.py)")  # fmt: skip
     add_run_arguments(parser)
     args = parser.parse_args(argv)
     args.batch_sizes = args.batch_sizes or ([1, 8] if args.quick else [1, 8, 32])
@@ -160,6 +165,11 @@ def report(results: dict, args, model: Path) -> tuple[str, dict]:
 def main(argv=None) -> int:
     args = parse_args(argv)
     model = args.model or built_model("reranker" if args.quick else "reranker-0.6b")
+    if args.shared_prefix:
+        return shared_prefix_bench.execute(
+            args, model, WORKER, Bench, [shared_prefix_bench.rerank_scenario(args.repeats)],
+            scores=True, bound=shared_prefix_bench.MAX_SCORE_DIFF[args.dtype],
+        )  # fmt: skip
     sides = [side for side in SIDES if side in args.sides]
     oracle = OracleCheck("max_score_diff_vs_hf", "max |score - hf|", MAX_SCORE_DIFF_VS_HF,
                          at_least=False)  # fmt: skip

@@ -13,8 +13,11 @@ log-uniform lengths of `--min-words`..`--max-words` words, so a prefix cache ans
 of them from an earlier level. Within a level, every `--probe-every`-th request repeats one
 of that level's probe texts: embeddings of the same text must agree whatever they were
 batched with (`min probe cos`, 1.0 = identical); only those repeats can be prefix-cache
-hits. Tokens are the server's own `usage.prompt_tokens`. Failed requests are counted
-(`errors`) and left out of requests/s, tokens/s and the latency percentiles.
+hits. Tokens are the server's own `usage.prompt_tokens`. `--instruction` puts every text behind
+one instruction (Qwen3-Embedding's query format; without a value its model card's task): the
+shared-instruction workload, where requests batched into one step share their first tokens.
+Failed requests are counted (`errors`) and left out of requests/s, tokens/s and the latency
+percentiles.
 
 Output: a markdown table, then one JSON line. Exit status 1 when a request failed or the
 probe embeddings disagree (below `--min-cosine`). `tests/test_load.py` and
@@ -39,7 +42,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import cosine, markdown_table, median  # noqa: E402
+from _common import MODEL_CARD_TASK, QUERY_FORMAT, cosine, markdown_table, median  # noqa: E402
 
 from vllm_npu_ext.tiny_model import corpus  # noqa: E402
 
@@ -178,12 +181,17 @@ def word_texts(count: int, seed: int, min_words: int, max_words: int) -> list[st
 
 
 def load_requests(
-    model: str, count: int, seed: int, min_words: int, max_words: int, probe_every: int
+    model: str, count: int, seed: int, min_words: int, max_words: int, probe_every: int,
+    instruction: str | None = None,
 ) -> list[Request]:
     """Mixed-length single-text requests, all texts drawn from `seed`; every
-    `probe_every`-th request repeats one of `PROBE_TEXTS` probe texts (also from `seed`)."""
+    `probe_every`-th request repeats one of `PROBE_TEXTS` probe texts (also from `seed`).
+    `instruction`: every text is a query behind it, in Qwen3-Embedding's query format."""
     texts = word_texts(count, seed, min_words, max_words)
     probes = word_texts(PROBE_TEXTS, seed + 1, min_words, max_words)
+    if instruction is not None:
+        texts, probes = ([QUERY_FORMAT.format(task=instruction, text=" " + text)
+                          for text in group] for group in (texts, probes))  # fmt: skip
     requests = []
     for i, text in enumerate(texts):
         if probe_every and i % probe_every == 0:
@@ -250,6 +258,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--min-words", type=int, default=6)
     parser.add_argument("--max-words", type=int, default=380)
     parser.add_argument("--probe-every", type=int, default=10)
+    parser.add_argument("--instruction", nargs="?", const=MODEL_CARD_TASK,
+                        help="every text a query behind this instruction (no value: "
+                        "Qwen3-Embedding's model-card task), in its query format: the "
+                        "shared-instruction workload")  # fmt: skip
     parser.add_argument("--warmup", type=int, default=32, help="untimed requests first")
     parser.add_argument("--min-cosine", type=float, default=0.99999)
     parser.add_argument("--timeout", type=float, default=300, help="seconds per request")
@@ -285,8 +297,9 @@ def main(argv=None) -> int:
 
 def _run_level(args, model: str, level, count: int, concurrency: int):
     requests = load_requests(
-        model, count, level_seed(level), args.min_words, args.max_words, args.probe_every
-    )
+        model, count, level_seed(level), args.min_words, args.max_words, args.probe_every,
+        args.instruction,
+    )  # fmt: skip
     if not requests:
         return [], 1.0
     return run_load(

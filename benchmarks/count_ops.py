@@ -209,7 +209,17 @@ BYTES_ENGINE_ARGS = {"max_model_len": 512, "max_num_batched_tokens": 8192,
                      "kv_cache_memory_bytes": 64 << 20}  # fmt: skip
 
 
-def count_under_vllm_ascend(site: str, model_dir: str | None, measure_bytes: bool) -> dict:
+# `--shared-prefix` with `--vllm-ascend`: one step of texts behind Qwen3-Embedding's instruction
+# (and one unrelated), counted whole (`_vllm_ascend_engine.py --count-all-texts`).
+SHARED_PREFIX_TEXTS = [
+    "Instruct: Given a web search query, retrieve relevant passages that answer the query\n"
+    f"Query: {query}" for query in ("what is the capital of france", "how tall is everest",
+                                    "which river flows through paris", "x")
+] + ["an unrelated text about the weather"]  # fmt: skip
+
+
+def count_under_vllm_ascend(site: str, model_dir: str | None, measure_bytes: bool,
+                            shared_prefix: bool = False) -> dict:  # fmt: skip
     """Ours and stock vllm-ascend, each in its own engine process per mode (see the docstring
     and `VLLM_ASCEND_RUNS`), on `model_dir` or a tiny checkpoint of the shapes stock's attention
     takes, in bf16. `measure_bytes`: eager only, at the Qwen3-Embedding-0.6B shapes."""
@@ -235,9 +245,11 @@ def count_under_vllm_ascend(site: str, model_dir: str | None, measure_bytes: boo
                            **(BYTES_ENGINE_ARGS if measure_bytes else {})}  # fmt: skip
             out = Path(scratch, "out.json")
             out.unlink(missing_ok=True)
+            texts = SHARED_PREFIX_TEXTS if shared_prefix else [
+                "the quick brown fox jumps over the lazy dog"]  # fmt: skip
             command = [sys.executable, str(script), "--model", model_dir, "--out", str(out),
-                       "--texts", json.dumps(["the quick brown fox jumps over the lazy dog"]),
-                       "--engine-args", json.dumps(engine_args), *flags]  # fmt: skip
+                       "--texts", json.dumps(texts), "--engine-args", json.dumps(engine_args),
+                       *flags, *(["--count-all-texts"] if shared_prefix else [])]  # fmt: skip
             if measure_bytes:
                 command += ["--token-batches", json.dumps(BYTES_BATCHES)]
             completed = subprocess.run(command, env={**base_env, **extra}, capture_output=True,
@@ -245,6 +257,8 @@ def count_under_vllm_ascend(site: str, model_dir: str | None, measure_bytes: boo
             results = json.loads(out.read_text()) if out.exists() else None
             entries[name] = entry(completed.returncode, results,
                                   completed.stdout + completed.stderr)  # fmt: skip
+            if shared_prefix and results is not None:
+                entries[name]["shared_prefixes"] = results["shared_prefixes"]
             if measure_bytes and results is not None:
                 entries[name]["token_batches"] = results["token_batches"]
     return entries
@@ -288,17 +302,30 @@ def main() -> int:
     parser.add_argument("--bytes", action="store_true",
                         help="with --vllm-ascend: bytes each launch of a decoder layer moves, at "
                         "the Qwen3-Embedding-0.6B shapes with 512 and 8192 tokens (eager)")
+    parser.add_argument("--shared-prefix", action="store_true",
+                        help="the NPU options for shared-prefix attention, launches and bytes "
+                        "(_shared_prefix_ops.py); with --vllm-ascend: a batch that shares a "
+                        "prefix instead of one text")  # fmt: skip
     args = parser.parse_args()
     tokens = [int(t) for t in args.tokens.split(",")]
 
     from vllm_npu_ext import emulator
+
+    if args.shared_prefix and not args.vllm_ascend:
+        from _shared_prefix_ops import count_options, print_table
+
+        with emulator.emulated() as npu:
+            options = count_options(npu)
+        print_table(options)
+        print(json.dumps({"shared_prefix_options": options}))
+        return 0
     from vllm_npu_ext.envs import FUSIONS
     from vllm_npu_ext.model_executor.layers.npu_plan import FusionConfig
     from vllm_npu_ext.tiny_model import make_tiny_model
 
     if args.vllm_ascend:
         site = str(Path(args.vllm_ascend).resolve())
-        entries = count_under_vllm_ascend(site, args.model, args.bytes)
+        entries = count_under_vllm_ascend(site, args.model, args.bytes, args.shared_prefix)
         _print_launch_table(entries)
         _print_bytes_table(entries)
         from _vllm_ascend_engine import against_stock

@@ -46,7 +46,7 @@ GRAPH_MODES = ("none", "piecewise", "full")
 
 @dataclasses.dataclass
 class SharingStats:
-    """What sharing did in this process: steps planned and shared, tokens of the steps and
+    """What sharing did in this process: steps seen and shared, tokens of those steps and
     tokens computed (unique rows, padding excluded), host seconds spent planning."""
 
     steps: int = 0
@@ -54,6 +54,8 @@ class SharingStats:
     tokens: int = 0
     computed_tokens: int = 0
     planning_seconds: float = 0.0
+    last_rows: int = 0  # rows the last sharing step ran (its graph's size where it replayed one)
+    last_graph_mode: str = ""  # and its graph mode (vLLM's CUDAGraphMode name)
 
 
 @dataclasses.dataclass
@@ -77,17 +79,16 @@ class SharedPrefixes:
         `[num_reqs + 1]` and the requests' computed-token counts; None if nothing is shared."""
         began = time.perf_counter()
         offsets = query_start_loc.tolist()
-        if len(offsets) < 3 or offsets[0] != 0 or offsets[-1] > host_ids.shape[0]:
-            return None  # fewer than two requests: nothing to share
-        seqs = PackedSeqs.from_query_start_loc(query_start_loc)
         plan = None
-        if seqs.num_seqs == len(offsets) - 1 and not any(int(n) for n in num_computed):
-            plan = find_shared_prefixes(host_ids[: seqs.num_tokens], seqs, self.min_len)
-        stats = self.stats
+        if 2 < len(offsets) and offsets[0] == 0 and offsets[-1] <= host_ids.shape[0]:
+            seqs = PackedSeqs.from_query_start_loc(query_start_loc)
+            if seqs.num_seqs == len(offsets) - 1 and not any(int(n) for n in num_computed):
+                plan = find_shared_prefixes(host_ids[: seqs.num_tokens], seqs, self.min_len)
+        stats, num_tokens = self.stats, offsets[-1] - offsets[0]
         stats.planning_seconds += time.perf_counter() - began
         stats.steps += 1
-        stats.tokens += seqs.num_tokens
-        stats.computed_tokens += seqs.num_tokens if plan is None else plan.num_unique
+        stats.tokens += num_tokens
+        stats.computed_tokens += num_tokens if plan is None else plan.num_unique
         stats.shared_steps += plan is not None
         return plan
 
@@ -114,6 +115,7 @@ class SharedPrefixes:
         from vllm.config.compilation import CUDAGraphMode
 
         num_rows, mode = self.rows_and_mode(plan, forward_context.runtime_mode(), capture_sizes)
+        self.stats.last_rows, self.stats.last_graph_mode = num_rows, mode.name
         gather = plan.tensor("unique_rows", input_ids.device, num_rows)
         ids = input_ids.index_select(0, gather)
         rows = positions.index_select(positions.dim() - 1, gather)

@@ -175,12 +175,31 @@ def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     return int(differ[0]) if differ.size else n
 
 
+# Neighbours' common prefixes are computed in one array operation up to this many elements
+# (members x longest member), pair by pair beyond it.
+_VECTOR_LIMIT = 1 << 22
+
+
+def _neighbour_prefixes(ordered: list[int], rows: list[np.ndarray]) -> list[int]:
+    """Common prefix lengths of consecutive members of `ordered`."""
+    width = max(rows[index].shape[0] for index in ordered)
+    if len(ordered) * width > _VECTOR_LIMIT:
+        return [_common_prefix(rows[a], rows[b]) for a, b in itertools.pairwise(ordered)]
+    padded = np.full((len(ordered), width + 1), -1, dtype=np.int64)
+    lengths = np.array([rows[index].shape[0] for index in ordered])
+    for place, index in enumerate(ordered):
+        padded[place, : lengths[place]] = rows[index]
+    padded[np.arange(len(ordered)), lengths] = -2 - np.arange(len(ordered))  # ends differ
+    first_difference = np.argmax(padded[1:] != padded[:-1], axis=1)
+    return np.minimum(first_difference, np.minimum(lengths[1:], lengths[:-1])).tolist()
+
+
 def _groups_of_bucket(members: list[int], rows: list[np.ndarray], min_len: int):
     """The groups of one bucket: members sorted by their tokens (byte order of fixed-width
     ids is a token order: sequences with a common prefix sort next to each other, and the
     common prefix of a run is the smallest of its neighbours'), then split (`_best_runs`)."""
     ordered = sorted(members, key=lambda index: rows[index].tobytes())
-    common = [_common_prefix(rows[a], rows[b]) for a, b in itertools.pairwise(ordered)]
+    common = _neighbour_prefixes(ordered, rows)
     return [PrefixGroup(tuple(sorted(run)), prefix)
             for run, prefix in _best_runs(ordered, common, min_len)]  # fmt: skip
 
@@ -201,7 +220,8 @@ def _best_runs(ordered: list[int], common: list[int], min_len: int) -> list[tupl
             pieces.append((ordered[start : index + 1], common[start:index]))
             start = index + 1
     pieces.append((ordered[start:], common[start:]))
-    split = [run for part, between in pieces for run in _best_runs(part, between, min_len)]
+    split = [run for part, between in pieces if len(part) > 1
+             for run in _best_runs(part, between, min_len)]  # fmt: skip
     if must_split:
         return split
     saved_by_split = sum((len(run) - 1) * run_prefix for run, run_prefix in split)

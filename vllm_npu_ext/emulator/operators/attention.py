@@ -26,7 +26,10 @@ Documented limits of the TND (varlen) layout, from torch-npu 2.10.0.post4's
   `_test_npu_attention_correctness`, Qwen/Qwen3-8B in `test_causal_backend_correctness`). Its
   "actual_seq_lengths < actual_seq_lengths_kv" for sparse_mode 3 (FIA and FIA v2, same passages) is
   not applied either: vllm-ascend passes equal lengths
-  (`AscendAttentionBackendImpl._get_fia_params`).
+  (`AscendAttentionBackendImpl._get_fia_params`). Fewer queries than keys is the case it
+  documents, and the one shared-prefix attention makes (`vllm_npu_ext.ops.shared_prefix`: a
+  text's own rows against its prefix's keys and its own): emulated right-down aligned; more
+  queries than keys raises (`attention_math.require_visible_keys`).
 - FA: at most 1024 sequences ("varlen场景下长度最大支持1K"; B 1~2K, "varlen场景B取值范围1~2K"), T <=
   1M (FA "varlen场景下", "要求T(B*S)取值范围1~1M").
 """
