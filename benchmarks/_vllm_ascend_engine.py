@@ -34,10 +34,11 @@ from pathlib import Path
 BENCHMARKS = Path(__file__).resolve().parent
 OUR_PLUGIN = "vllm_npu_ext"
 # Stock vllm-ascend's attention takes half-precision KV only: ATB ReshapeAndCache writes
-# float16/bfloat16/int8 caches (CANN ATB API reference, ReshapeAndCacheOperation;
-# attention/attention_v1.py:1444), and its prefill FIA call in TND layout takes bfloat16 with
-# head_dim 128 (torch-npu 2.10.0.post4 docs, emulator/operators/attention.py). The side-by-side
-# runs use a tiny checkpoint of those shapes, served in bfloat16, for both sides.
+# float16/bfloat16/int8 caches (CANN ATB API reference, ReshapeAndCacheOperation; vllm-ascend
+# 0.23.0.post1 `AscendAttentionBackendImpl.reshape_and_cache`), and its prefill FIA call in TND
+# layout takes bfloat16 with head_dim 128 (torch-npu 2.10.0.post4 docs,
+# emulator/operators/attention.py). The side-by-side runs use a tiny checkpoint of those shapes,
+# served in bfloat16, for both sides.
 STOCK_CHECKPOINT = {"head_dim": 128, "torch_dtype": "bfloat16"}
 STOCK_ENGINE_ARGS = {"dtype": "bfloat16"}
 # vllm-ascend 0.23.0.post1's entry points (its dist-info), and our platform plugin.
@@ -147,7 +148,8 @@ def graph_entry(results: dict) -> dict:
     layer's plain input norm, the final norm); that and the runner's own launches (input
     preparation, the slot mapping, pooling) are `launches_per_forward_besides`. The stand-in
     enters host-code custom ops at capture (the graphs hold what they launch; at TP=1
-    `maybe_chunk_residual` launches nothing, vllm-ascend `ops/register_custom_ops.py:73-83`);
+    `maybe_chunk_residual` launches nothing, vllm-ascend 0.23.0.post1
+    `_maybe_pad_and_reduce_impl` in `vllm_ascend/ops/register_custom_ops.py`);
     one of op_counter.HOST_CODE_OPS recorded whole would be listed apart, not counted."""
     sys.path.insert(0, str(BENCHMARKS))
     from op_counter import HOST_CODE_OPS

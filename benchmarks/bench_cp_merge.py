@@ -20,15 +20,15 @@ Copies and views are counted with a TorchDispatchMode. Last line: one JSON objec
 These are CPU timings (one thread by default: the least disturbed by other load); they
 show what the layouts cost in memory traffic, not the NPU kernels' time.
 
-`--decode-step`: one layer's whole merge pair per decode step, as each side runs it, at
-pcp x dcp of 2x1, 1x2 and 2x2 and batches of 1 to 64 (bf16 FIA output, H local heads, D 128):
-the device operators it launches (copies and casts, collectives, the merge operator) and the
-bytes its copies write, ours (`pack_out_lse`, all_to_all, all-gather, `attention_update` on
-views) against vllm-ascend 0.23's pair (`common_cp.py:111-159`: fp32 casts, cat, permute +
-copy before the all_to_all, a copy before the PCP all-gather, permute + copy, split, unbind,
-TensorList AttentionUpdate). The collectives are stood in for by one opaque operator each
-that writes what the real one would (the same bytes on both sides), so no process group is
-needed; their bytes are reported apart.
+`--decode-step`: one layer's whole merge pair per decode step, as each side runs it, at pcp x dcp of
+2x1, 1x2 and 2x2 and batches of 1 to 64 (bf16 FIA output, H local heads, D 128): the device
+operators it launches (copies and casts, collectives, the merge operator) and the bytes its copies
+write, ours (`pack_out_lse`, all_to_all, all-gather, `attention_update` on views) against
+vllm-ascend 0.23's pair (0.23.0.post1 `common_cp.py`, `_process_attn_out_lse` and
+`_npu_attention_update`: fp32 casts, cat, permute + copy before the all_to_all, a copy before the
+PCP all-gather, permute + copy, split, unbind, TensorList AttentionUpdate). The collectives are
+stood in for by one opaque operator each that writes what the real one would (the same bytes on both
+sides), so no process group is needed; their bytes are reported apart.
 
 `--decode-step --full-graph`: the same pairs as vllm-ascend's full decode graph holds them:
 each captured in one graph on the torch_npu stand-in's `npu` device (installed in this
@@ -262,7 +262,8 @@ def ours_step(out: torch.Tensor, lse: torch.Tensor, pcp: int, dcp: int) -> torch
 
 def vllm_ascend_step(out: torch.Tensor, lse: torch.Tensor, pcp: int, dcp: int,
                      update_list=None) -> torch.Tensor:  # fmt: skip
-    """vllm-ascend 0.23's pair per layer, as `common_cp.py:111-159` runs it."""
+    """vllm-ascend 0.23's pair per layer, as `_process_attn_out_lse` and `_npu_attention_update`
+    (0.23.0.post1 `common_cp.py`) run it."""
     lse, out = lse.to(torch.float32), out.to(torch.float32)
     buffer = torch.cat([out, lse], dim=-1)
     if dcp > 1:

@@ -11,22 +11,22 @@ operator is one opaque `npu::` torch operator, as on a real NPU), plus every ATe
 launches work on activations (views, aliases and bare allocations excluded). The rotary-table
 gather happens once per forward and is reported separately.
 
-Compiled (the JSON's "compiled" object): the model's forward (all fusions on) as vLLM
-compiles it. TorchDynamo captures it (fullgraph off, so a graph break is counted rather than
-raised: `graph_breaks`); each captured graph is then split with vLLM's own `split_graph`
+Compiled (the JSON's "compiled" object): the model's forward (all fusions on) as vLLM compiles it.
+TorchDynamo captures it (fullgraph off, so a graph break is counted rather than raised:
+`graph_breaks`); each captured graph is then split with vLLM's own `split_graph`
 (`vllm/compilation/backends.py`) at the splitting ops vLLM would use on Ascend
 (`CompilationConfig.set_splitting_ops_for_v1` under VLLM_COMPILE, which now includes our
 `vllm_npu_ext::cache_free_attention`) plus vllm-ascend's additions (`vllm::mla_forward`,
-`vllm::dsa_forward`, `vllm_ascend/platform.py:617-622`). That is the piecewise structure
-vllm-ascend captures in ACL graphs; on the CPU vLLM traces without splitting, so this script
-applies the split itself. The split graph then runs on a packed batch under the same counter,
-with every operator attributed to the piece that issued it: `ops_outside_graphs_per_layer` is
-the operators that ran in the splitting pieces (eagerly, between graphs), per layer: our
-attention op; `device_ops_outside_graphs_per_layer` what that op issues (the fused attention
-and the copy of its result into the buffer the graph before it allocated, the pattern vLLM's
-own attention op follows); `ops_per_layer` is the operators of one piece between two attention
-ops (one layer's work but attention) plus one splitting piece. Views and bare allocations
-never count; in-place operators (copies) do. Last line: one JSON object with the counts.
+`vllm::dsa_forward`, vllm-ascend 0.23.0.post1 `NPUPlatform.check_and_update_config`). That is the
+piecewise structure vllm-ascend captures in ACL graphs; on the CPU vLLM traces without splitting, so
+this script applies the split itself. The split graph then runs on a packed batch under the same
+counter, with every operator attributed to the piece that issued it: `ops_outside_graphs_per_layer`
+is the operators that ran in the splitting pieces (eagerly, between graphs), per layer: our
+attention op; `device_ops_outside_graphs_per_layer` what that op issues (the fused attention and the
+copy of its result into the buffer the graph before it allocated, the pattern vLLM's own attention
+op follows); `ops_per_layer` is the operators of one piece between two attention ops (one layer's
+work but attention) plus one splitting piece. Views and bare allocations never count; in-place
+operators (copies) do. Last line: one JSON object with the counts.
 
 Under vllm-ascend (`--vllm-ascend SITE`, SITE = where vllm-ascend is installed, e.g.
 `.venv-ascend/vllm-ascend`; run with that stack's python): one engine process per run
@@ -193,7 +193,7 @@ def _attributed(counter: OpCounter, label: str, forward):
 # each mode they serve in: eager; piecewise ACL graphs (stock's default for pooling; ours where
 # FIA does not take the model, forced here with VLLM_NPU_EXT_FULL_GRAPH=0); one graph per
 # forward (ours by default for bf16 head_dim 128; vLLM 0.23 serves stock pooling in PIECEWISE
-# only, `config/vllm.py:1218-1229`).
+# only: vLLM 0.23.0 `VllmConfig.__post_init__`, "Pooling models do not support full cudagraphs").
 GRAPH_ARGS = {"enforce_eager": False}
 VLLM_ASCEND_RUNS = (
     ("ours eager", (), {}),

@@ -112,8 +112,9 @@ def _launches_work(func) -> bool:
 def _copies_onto_itself(func, args) -> bool:
     """`dst.copy_(src)` of the same data (memory, sizes, strides, dtype): PyTorch's copy_
     returns before any kernel (aten/src/ATen/native/Copy.cpp, copy_impl's `is_same_data`).
-    vllm-ascend's attention does one per layer (`attention_v1.py:1543`, after :1360 copied
-    FIA's result into the same output rows)."""
+    vllm-ascend's attention does one per layer (vllm-ascend 0.23.0.post1
+    `AscendAttentionBackendImpl.forward`'s `output[:num_tokens] = attn_output[:num_tokens]`, after
+    `forward_fused_infer_attention` copied FIA's result into the same output rows)."""
     if func.__name__ != "copy_.default" or len(args) < 2:
         return False
     dst, src = args[0], args[1]

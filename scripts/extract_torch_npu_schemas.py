@@ -12,7 +12,8 @@ and the two differ: in 2.10.0.post4 the registered schemas
 name the first argument of npu_rms_norm, npu_rotary_mul, npu_swiglu, npu_quantize and
 npu_format_cast `input` (the YAML: `self`), and `npu_fused_infer_attention_score.out` takes
 `Tensor[] out` (the YAML: `Tensor(a!) attention_out, Tensor(b!) softmax_lse`), which is how
-vllm-ascend calls it (`out=[output, softmax_lse]`, attention/attention_v1.py:777).
+vllm-ascend calls it (`out=[output, softmax_lse]`, vllm-ascend 0.23.0.post1
+`AscendAttentionBackendImpl.update_graph_params`).
 
 The pinned version is the one vllm-ascend 0.23.0.post1 requires (its requirements.txt:
 `torch-npu==2.10.0.post4`), the torch-npu Ascend users run:

@@ -85,9 +85,9 @@ def test_seq_starts_skip_the_first_tokens_of_each_request():
 
 
 def test_seq_starts_offset_whole_blocks_as_the_kernel_does():
-    """The ND kernel skips seq_starts // block_size blocks (paged_cache_load_nd.cpp:158-160;
-    op-plugin's reference: `offset = seq_starts[bid].item() // block_size`): a start inside a
-    block reads from that block's first row."""
+    """The ND kernel skips seq_starts // block_size blocks (ATB `PagedCacheLoadNd<T>::Process`, its
+    `tableOffset`; op-plugin's reference: `offset = seq_starts[bid].item() // block_size`): a start
+    inside a block reads from that block's first row."""
     key_cache, value_cache, table, keys, _ = _paged()
     key, value = _outputs(6)
     atb.npu_paged_cache_load(key_cache, value_cache, table[:1], _i32([6]),
@@ -102,7 +102,8 @@ def test_cumulative_lengths_and_the_functional_overload():
     atb.npu_paged_cache_load(key_cache, value_cache, table, cumulative, cumsum=True,
                              key=key, value=value)  # fmt: skip
     assert torch.equal(key, torch.cat(keys)) and torch.equal(value, torch.cat(values))
-    # The first output row is context_lens[0] (nd.cpp:144): rows before it stay as they were.
+    # The first output row is context_lens[0] (ATB `PagedCacheLoadNd<T>::Process`, `tokenStart`
+    # under cuSeqLens): rows before it stay as they were.
     key, value = _outputs(40)
     atb.npu_paged_cache_load(key_cache, value_cache, table, cumulative + 2, cumsum=True,
                              key=key, value=value)  # fmt: skip
@@ -159,7 +160,7 @@ def _vllm_ascend_device_op() -> tuple[str, str]:
 def test_reachable_as_vllm_ascend_calls_it():
     """`torch_npu.atb.npu_paged_cache_load(...)` on the stand-in module; with vllm-ascend
     0.23.0.post1's sources at hand, its own `BaseDeviceAdaptor.reshape_and_cache` and
-    `kv_cache_load` (device/device_op.py:48-51, 293-302) run against it, unchanged."""
+    `kv_cache_load` run against it, unchanged."""
     key_cache, value_cache, table, keys, values = _paged()
     key, value = _outputs(sum(LENGTHS))
     with emulator.emulated():

@@ -247,7 +247,8 @@ def test_contract_violation_raises_clear_error(thunk, error, match):
 
 
 def test_fia_without_a_mask_lets_a_sequence_without_keys_through_as_nan():
-    """vllm-ascend's CP chunked context (`attention_cp.py:690-720`, sparse_mode 0) gives FIA
+    """vllm-ascend's CP chunked context (0.23.0.post1 `AscendAttentionCPImpl`,
+    `_update_chunk_attn_out_lse_with_current_attn_out_lse`, sparse_mode 0) gives FIA
     every prefill request, those without context on this rank with 0 keys, and drops their
     rows afterwards: FIA takes key lengths that are only non-negative (torch-npu
     2.10.0.post4 `_op_plugin_docs.py`), what it writes there is undocumented, so the stand-in

@@ -123,7 +123,8 @@ def test_unequal_lengths_tell_per_request_from_cumulative_key_counts():
     ids=["numpy int64", "numpy int32", "tensor", "tuple", "numpy items"],
 )  # fmt: skip
 def test_paged_fia_takes_the_integer_sequences_torch_binds(lengths_as):
-    """vllm-ascend's CP decode passes a numpy array (attention_cp.py:610-612); through the
+    """vllm-ascend's CP decode passes a numpy array (vllm-ascend 0.23.0.post1
+    `AscendAttentionCPImpl._forward_decode_pcp_dcp`); through the
     stand-in's torch_npu function and through torch's operator the result is the list's."""
     args, kwargs, _ = paged_call([1, 1, 1], KV_LENS, False)
     want = emulator.npu_fused_infer_attention_score(*args, **kwargs)
@@ -188,7 +189,8 @@ def test_paged_fia_refuses_what_its_contract_excludes(name):
 
 @pytest.mark.parametrize(("block", "query_lens"), [(100, [1, 1, 1]), (64, [2, 1, 1])])
 def test_paged_fia_block_size_limits(block, query_lens):
-    """Decode: a multiple of 16 up to 512 (W:8236); several query tokens: of 128 (W:8175)."""
+    """Decode: a multiple of 16 up to 512; several query tokens: of 128 (FIA's docstring, 约束说明,
+    page attention场景, block_size, for Q_S = 1 and Q_S > 1)."""
     args, kwargs, _ = paged_call(query_lens, [40, 37, 20], False)
     cache = torch.zeros(8, block, KV_HEADS * HEAD_DIM, dtype=BF16)
     table = torch.arange(3 * 2, dtype=torch.int32).view(3, 2)
@@ -200,7 +202,8 @@ def test_paged_fia_block_size_limits(block, query_lens):
 
 def test_paged_fia_out_overload_writes_what_the_default_returns():
     """vllm-ascend's full-graph decode capture calls `.out` with the max workspace
-    (attention_cp.py:634-675): the same paged contract and results."""
+    (vllm-ascend 0.23.0.post1 `AscendAttentionCPImpl._forward_decode_pcp_dcp`): the same paged
+    contract and results."""
     args, kwargs, _ = paged_call([1, 1, 1], KV_LENS, False)
     want = emulator.npu_fused_infer_attention_score(*args, **kwargs)
     workspace = emulator._npu_fused_infer_attention_score_get_max_workspace(*args, **kwargs)

@@ -1,8 +1,8 @@
 """The emulated quantisation operators (emulator/operators/quant.py) against the documented formulas
-written out in float64 (torch-npu 2.10.0.post4 `_op_plugin_docs.py`: npu_dynamic_quant
-:4614-4623, scale = rowMax(|x * smooth|) / 127, y = round(x * smooth / scale); npu_quantize
-:11297-11299, y = input * scales + zero_points, or input / scales + zero_points in div_mode;
-npu_add_rms_norm_quant :12240-12265), and their documented refusals."""
+written out in float64 (torch-npu 2.10.0.post4 `_op_plugin_docs.py`, each operator's docstring:
+npu_dynamic_quant, scale = rowMax(|x * smooth|) / 127, y = round(x * smooth / scale);
+npu_quantize, y = input * scales + zero_points, or input / scales + zero_points in div_mode;
+npu_add_rms_norm_quant), and their documented refusals."""
 
 from __future__ import annotations
 
@@ -131,7 +131,8 @@ def test_quantize_is_the_documented_static_formula(dtype, div_mode):
 
 
 def test_quantize_takes_the_dtype_as_torch_passes_it():
-    """vllm-ascend passes `torch.qint8` for the schema's `int dtype` (register_custom_ops.py:191);
+    """vllm-ascend passes `torch.qint8` for the schema's `int dtype` (vllm-ascend 0.23.0.post1
+    `_quantize_impl`);
     torch binds it as 12, the dtype's ScalarType value, and so does the stand-in's binder."""
     x, scales = rand(2, 8), rand(8).abs() + 0.5
     by_dtype = emulator.npu_quantize(x, scales, None, torch.qint8, -1, False)

@@ -7,31 +7,33 @@ layer is our `CacheFreeCausalAttention`, whose backend subclasses the one NPUPla
 
 `NPUModelRunner.__init__` does not complete in this process
 (`test_npu_model_runner_needs_a_workers_process_groups`): with the stand-in's npu device its
-pinned host buffers are made (`InputBatch`, `v1/worker/gpu_model_runner.py:659` ->
-`gpu_input_batch.py:148`; NPUPlatform answers `is_pin_memory_available()` with True,
-`vllm_ascend/platform.py:884-885`), then its block table asks for the worker's
-context-parallel groups (`worker/block_table.py:27`), which only a worker initialises. So the
-runner's own methods run on an `NPUModelRunner` made without `__init__`, holding the state
-they read, set as `__init__` and `_prepare_inputs` set it (`runner_for`, cited line by line):
+pinned host buffers are made (`InputBatch`, made in vLLM 0.23.0 `GPUModelRunner.__init__`, its
+buffers in `InputBatch.__init__`; NPUPlatform answers `is_pin_memory_available()` with True,
+vllm-ascend 0.23.0.post1 `NPUPlatform.is_pin_memory_available`), then its block table asks for
+the worker's context-parallel groups (`vllm_ascend.worker.block_table.BlockTable.__init__`:
+`get_pcp_group()`), which only a worker initialises. So the runner's own methods run on an
+`NPUModelRunner` made without `__init__`, holding the state they read, set as `__init__` and
+`_prepare_inputs` set it (`runner_for`, each group of attributes citing the method that sets it):
 
-- the encoder-only KV cache group: vLLM's `may_add_encoder_only_layers_to_kv_cache_config`
-  (`gpu_model_runner.py:7414-7438`), as vllm-ascend's `initialize_kv_cache` calls it
-  (`worker/model_runner_v1.py:3854`);
+- the encoder-only KV cache group: vLLM 0.23.0's
+  `GPUModelRunner.may_add_encoder_only_layers_to_kv_cache_config`, as vllm-ascend's
+  `NPUModelRunner.initialize_kv_cache` calls it;
 - the builder: the layer's backend's builder class, built and grouped as vllm-ascend's
-  `create_attn_groups` does (model_runner_v1.py:4855-4868);
-- the step's attention state: `_build_attn_state` (model_runner_v1.py:1477-1506);
-- the padded batch's dummy request: `_pad_query_start_loc_for_fia` (model_runner_v1.py:
-  813-860) writes it into the host buffer and copies a pinned snapshot to the device buffer
-  (`copy_snapshot_to_gpu`, `worker/utils.py:15-18`);
-- the per-step metadata: `_build_attention_metadata` (model_runner_v1.py:3034-3345) builds
-  the `AscendCommonAttentionMetadata` (:3161-3186) and calls the builder (:3242-3246).
+  `create_attn_groups` does (the function of that name in `NPUModelRunner.initialize_attn_backend`);
+- the step's attention state: `NPUModelRunner._build_attn_state`;
+- the padded batch's dummy request: `NPUModelRunner._pad_query_start_loc_for_fia` writes it into
+  the host buffer and copies a pinned snapshot to the device buffer
+  (`vllm_ascend.worker.utils.copy_snapshot_to_gpu`);
+- the per-step metadata: `NPUModelRunner._build_attention_metadata` builds the
+  `AscendCommonAttentionMetadata` (its `cm_base = AscendCommonAttentionMetadata(...)`) and calls
+  the builder (its inner `_build_attn_group_metadata`: `builder.build(...)`).
 
 Counted by spies that call through (never replacing vllm-ascend's code): calls of
-`AttentionMaskBuilder.get_attention_mask` and the bytes of the mask each returns (for a
-pooling run the 2048x2048 bool mask, copied to the device on every call on an NPU,
-`attention/attention_mask.py:51,75-77`), and `Tensor.pin_memory` calls (the pinned copy of
-`query_start_loc_cpu`, `attention/attention_v1.py:315`). vllm-ascend's own builder does both
-on every step; ours does neither.
+`AttentionMaskBuilder.get_attention_mask` and the bytes of the mask each returns (for a pooling run
+the 2048x2048 bool mask, copied to the device on every call on an NPU,
+`AttentionMaskBuilder.get_attention_mask` through `get_attn_mask`), and `Tensor.pin_memory` calls
+(the pinned copy of `query_start_loc_cpu`, `AscendAttentionMetadataBuilder.build`). vllm-ascend's
+own builder does both on every step; ours does neither.
 """
 
 from __future__ import annotations
@@ -49,11 +51,12 @@ from support.vllm_ascend_env import engine_config
 LAYER = "model.layers.0.self_attn.attn"
 MAX_NUM_REQS = 8
 MAX_NUM_TOKENS = 512
-POOLING_MASK_BYTES = 2048 * 2048  # attention_mask.py:75-77: 2048x2048 torch.bool
+POOLING_MASK_BYTES = 2048 * 2048  # AttentionMaskBuilder.get_attention_mask: 2048x2048 torch.bool
 CPU = torch.device("cpu")
 
 # (query lengths, tokens after graph padding or None, whether the runner inserts a dummy
-# request for the padding: FULL graphs or sequence parallelism, model_runner_v1.py:2212-2228)
+# request for the padding: FULL graphs or sequence parallelism, vllm-ascend 0.23.0.post1
+# `NPUModelRunner.execute_model`, its call of `_pad_query_start_loc_for_fia`)
 BATCHES = {
     "unpadded": ([5, 3, 7], None, False),
     "padded_dummy_request": ([5, 3, 7], 16, True),
@@ -103,15 +106,15 @@ def runner_for(vllm_config, backend):
     model_config = vllm_config.model_config
     runner = object.__new__(NPUModelRunner)
     state = {
-        # gpu_model_runner.py:426-446
+        # vLLM 0.23.0 GPUModelRunner.__init__: the configs, device and KV cache dtype
         "vllm_config": vllm_config, "model_config": model_config,
         "cache_config": vllm_config.cache_config, "scheduler_config": vllm_config.scheduler_config,
         "compilation_config": vllm_config.compilation_config, "speculative_config": None,
         "device": CPU, "kv_cache_dtype": kv_cache_dtype_str_to_dtype(
             vllm_config.cache_config.cache_dtype, model_config,
         ),
-        # gpu_model_runner.py:486, :530, :631-633 (no speculative tokens), :719-730 (positions,
-        # seq_lens, optimistic_seq_lens_cpu), :796-797, :814, :830
+        # vLLM 0.23.0 GPUModelRunner.__init__: these attributes (no speculative tokens; the
+        # positions, seq_lens and optimistic_seq_lens_cpu buffers)
         "is_mm_prefix_lm": model_config.is_mm_prefix_lm, "attn_groups": [],
         "use_async_spec_decode": False,
         "positions": torch.zeros(MAX_NUM_TOKENS, dtype=torch.int64, device=CPU),
@@ -119,15 +122,15 @@ def runner_for(vllm_config, backend):
         "optimistic_seq_lens_cpu": torch.zeros(MAX_NUM_REQS, dtype=torch.int32),
         "arange_np": np.arange(max(MAX_NUM_REQS + 1, MAX_NUM_TOKENS), dtype=np.int64),
         "uniform_decode_query_len": 1, "runner_only_attn_layers": set(),
-        # model_runner_v1.py:283-285 (no compress_ratios), :310-313 (pinned there), :319,
-        # :334, :425-428 (no context-parallel groups), :584, :600-601, :632-633
+        # vllm-ascend 0.23.0.post1 NPUModelRunner.__init__: these attributes (no compress_ratios;
+        # query_start_loc, pinned there; no context-parallel groups)
         "use_compress": False,
         "query_start_loc": CpuGpuBuffer(MAX_NUM_REQS + 2, dtype=torch.int32, device=CPU,
                                         pin_memory=False),  # fmt: skip
         "_has_gdn": False, "attn_state": None, "pcp_size": 1, "dcp_size": 1,
         "long_seq_metadata": None, "enable_hamming_sparse": False,
         "actual_seq_lengths_q": [], "decode_token_per_req": 1,
-        # The InputBatch tensors read here (gpu_input_batch.py:155-168).
+        # The InputBatch tensors read here (vLLM 0.23.0 InputBatch.__init__).
         "input_batch": SimpleNamespace(
             num_prompt_tokens_cpu_tensor=torch.zeros(MAX_NUM_REQS, dtype=torch.int32),
             num_computed_tokens_cpu_tensor=torch.zeros(MAX_NUM_REQS, dtype=torch.int32),
@@ -194,30 +197,32 @@ class Step:
 
 
 def run_step(runner, query_lens, num_tokens_padded, dummy_request, counts: Counts) -> Step:
-    """One step of new prompts through the runner's metadata code (module docstring); the
-    work of `_build_attention_metadata` is added to `counts`."""
+    """One step of new prompts through the runner's metadata code (module docstring), each
+    statement before `_build_attn_state` as vllm-ascend 0.23.0.post1's
+    `NPUModelRunner._prepare_inputs` has it; the work of `_build_attention_metadata` is added to
+    `counts`."""
     buffer = runner.query_start_loc
     num_reqs, num_tokens = len(query_lens), sum(query_lens)
     scheduled = np.array(query_lens, dtype=np.int32)
     batch = runner.input_batch
     batch.num_prompt_tokens_cpu_tensor[:num_reqs] = torch.from_numpy(scheduled)
     batch.num_computed_tokens_cpu_tensor.zero_()
-    buffer.np[0] = 0  # model_runner_v1.py:1066-1068
+    buffer.np[0] = 0
     buffer.np[1 : num_reqs + 1] = np.cumsum(scheduled)
     buffer.gpu.copy_(buffer.cpu)  # copy_snapshot_to_gpu's copy
     torch.add(batch.num_computed_tokens_cpu_tensor[:num_reqs], torch.from_numpy(scheduled),
-              out=runner.optimistic_seq_lens_cpu[:num_reqs])  # fmt: skip  # :1083-1088
+              out=runner.optimistic_seq_lens_cpu[:num_reqs])  # fmt: skip
     runner.optimistic_seq_lens_cpu[num_reqs:].fill_(0)
-    buffer.gpu[num_reqs + 1 :].fill_(-1)  # :1093
-    runner.seq_lens[:num_reqs] = torch.from_numpy(scheduled)  # :1261-1264, nothing computed
+    buffer.gpu[num_reqs + 1 :].fill_(-1)
+    runner.seq_lens[:num_reqs] = torch.from_numpy(scheduled)  # nothing computed
     runner.seq_lens[num_reqs:].fill_(0)
-    runner._build_attn_state(num_reqs, scheduled, scheduled)  # :901
+    runner._build_attn_state(num_reqs, scheduled, scheduled)
     num_reqs_padded = num_reqs
     if dummy_request:
         num_reqs_padded = runner._pad_query_start_loc_for_fia(
             buffer, num_tokens_padded, num_reqs, num_reqs, None, num_reqs
         )
-        assert num_reqs_padded == num_reqs + 1  # the mixed batch's dummy request (:851-856)
+        assert num_reqs_padded == num_reqs + 1  # its mixed-batch case's dummy request
         assert buffer.np[num_reqs + 1] == num_tokens_padded
         assert buffer.gpu[num_reqs + 1].item() == num_tokens_padded  # its pinned copy
 
@@ -245,7 +250,8 @@ def run_step(runner, query_lens, num_tokens_padded, dummy_request, counts: Count
 
 def test_npu_model_runner_needs_a_workers_process_groups(vllm_ascend_started, tiny_model_dir):
     """Its pinned host buffers are made on the stand-in's npu device; then it needs the
-    context-parallel groups a worker initialises (worker/block_table.py:27)."""
+    context-parallel groups a worker initialises (vllm-ascend 0.23.0.post1
+    `BlockTable.__init__`: `get_pcp_group()`)."""
     from vllm.config import set_current_vllm_config
     from vllm_ascend.worker.model_runner_v1 import NPUModelRunner
 
@@ -271,7 +277,7 @@ def test_vllm_ascends_builder_works_for_nothing_every_step(vllm_config, layer):
     assert counts.mask_calls == len(steps)
     assert counts.mask_shapes == [((2048, 2048), torch.bool)] * len(steps)
     assert counts.mask_bytes == len(steps) * POOLING_MASK_BYTES  # 4 MiB per step
-    # One pin per step, of query_start_loc_cpu (attention_v1.py:315).
+    # One pin per step, of query_start_loc_cpu (AscendAttentionMetadataBuilder.build).
     assert counts.pinned == [[0, 5, 8, 15], [0, 4, 13]]
     assert counts.pin_errors == []
 

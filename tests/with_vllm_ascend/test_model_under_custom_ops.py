@@ -1,13 +1,13 @@
 """Our Qwen3 built under vllm-ascend's layer substitutions, run on the emulated NPU path.
 
 In a vLLM worker on Ascend, `NPUWorker.__init__` calls `register_ascend_customop(vllm_config)`
-(vllm_ascend/worker/worker.py:118, vllm_ascend/utils.py:690-821): every layer vLLM builds
-through `CustomOp`/`PluggableLayer` from then on is vllm-ascend's subclass (RMSNorm, rotary
-embedding, the parallel linear layers with their `AscendUnquantizedLinearMethod`, SiluAndMul,
-the vocabulary embedding). Here that registration runs for real, with the worker's other steps
-that the stand-in can run (`_worker_steps`), on a VllmConfig of a pooling run resolved by
-NPUPlatform; then vLLM's own loader (`get_model`) builds our Qwen3 from a tiny checkpoint on
-the CPU, the emulated NPU, and vllm-ascend's linear method post-processes its weights. Checked:
+(vllm-ascend 0.23.0.post1 `NPUWorker.__init__`, `vllm_ascend.utils.register_ascend_customop`): every
+layer vLLM builds through `CustomOp`/`PluggableLayer` from then on is vllm-ascend's subclass
+(RMSNorm, rotary embedding, the parallel linear layers with their `AscendUnquantizedLinearMethod`,
+SiluAndMul, the vocabulary embedding). Here that registration runs for real, with the worker's other
+steps that the stand-in can run (`_worker_steps`), on a VllmConfig of a pooling run resolved by
+NPUPlatform; then vLLM's own loader (`get_model`) builds our Qwen3 from a tiny checkpoint on the
+CPU, the emulated NPU, and vllm-ascend's linear method post-processes its weights. Checked:
 
 - which vllm-ascend classes replaced vLLM's inside our model;
 - the NPU path (`forward_packed` on a packed batch of texts of different lengths, last-token
@@ -19,10 +19,10 @@ the CPU, the emulated NPU, and vllm-ascend's linear method post-processes its we
 - the NPU path's norms against vllm-ascend's RMSNorm forward when that norm has a bias.
 
 Two checkpoints: float32, whose weights vllm-ascend keeps in ND, and bfloat16 shaped like
-Qwen3-Embedding's attention with `weight_nz_mode: 2`, where vllm-ascend casts every linear
-weight to FRACTAL_NZ (`npu_format_cast`, vllm_ascend/ops/linear.py:98) after loading and the
-NPU path reads the cast weights. The model is eager (`enforce_eager`): `forward_packed` runs
-outside vLLM's compiled forward either way.
+Qwen3-Embedding's attention with `weight_nz_mode: 2`, where vllm-ascend casts every linear weight to
+FRACTAL_NZ (`npu_format_cast`, `AscendUnquantizedLinearMethod.process_weights_after_loading`) after
+loading and the NPU path reads the cast weights. The model is eager (`enforce_eager`):
+`forward_packed` runs outside vLLM's compiled forward either way.
 """
 
 from __future__ import annotations
@@ -62,8 +62,8 @@ CONFIGS = {
 LINEARS_PER_LAYER = 4  # qkv_proj, o_proj, gate_up_proj, down_proj
 LAUNCHES_PER_LAYER = {"fp32": 12, "bf16_nz": 9}
 # vllm-ascend ops registered for PrivateUse1 only that these tests reach: the vocabulary
-# embedding's reduction (vllm_ascend/ops/vocab_parallel_embedding.py:248, on our NPU path) and
-# RMSNorm's residual chunking (vllm_ascend/ops/layernorm.py:71, in its own forward).
+# embedding's reduction (vllm-ascend 0.23.0.post1 `AscendVocabParallelEmbedding._forward_origin`, on
+# our NPU path) and RMSNorm's residual chunking (`AscendRMSNorm.forward_oot`, in its own forward).
 PRIVATEUSE1_ONLY_OPS = ("maybe_pad_and_reduce", "maybe_chunk_residual")
 
 
@@ -105,13 +105,17 @@ def _vllm_class(module: torch.nn.Module, substitutions: dict[type, type]) -> typ
 @pytest.fixture(scope="module")
 def distributed(vllm_ascend_started):
     """`ensure(vllm_config)`: one-rank world and model-parallel groups on the `hccl` backend
-    (gloo here), as `NPUWorker` sets them up (worker.py:992-1000); torn down if made here.
+    (gloo here), as `NPUWorker` sets them up (vllm-ascend 0.23.0.post1
+    `NPUWorker._init_worker_distributed_environment`); torn down if made here.
 
     The groups are vLLM's own `GroupCoordinator`s. vllm-ascend's worker patches replace that
-    class (patch/worker/patch_distributed.py:268) in every process that imports its worker
-    package (importing its model runner does: model_runner_v1.py:130), and the replacement
+    class (`vllm.distributed.parallel_state.GroupCoordinator = GroupCoordinatorPatch` in
+    `vllm_ascend/patch/worker/patch_distributed.py`) in every process that imports its worker
+    package (importing its model runner does: `vllm_ascend.worker.model_runner_v1` imports from
+    `vllm_ascend.patch.worker`), and the replacement
     builds each group with `torch_npu._C._distributed_c10d.ProcessGroupHCCL.Options()`
-    (patch_distributed.py:156 -> utils.py:1092), which the stand-in does not construct
+    (`GroupCoordinatorPatch._init_device_groups` -> `vllm_ascend.utils.create_hccl_pg_options`),
+    which the stand-in does not construct
     (`emulator/surface.py`). With one rank, what the layers here ask of the groups (ranks,
     sizes, reductions that are the identity) does not depend on that class.
     """
@@ -146,7 +150,8 @@ def distributed(vllm_ascend_started):
 def npu_kernels_on_the_host(vllm_ascend_started):
     """vllm-ascend registers its `torch.ops.vllm.*` ops for PrivateUse1 only, the NPU's
     dispatch key (`direct_register_custom_op(..., dispatch_key="PrivateUse1")`,
-    vllm_ascend/ops/register_custom_ops.py:219-300); the emulated NPU's tensors are CPU
+    the module-level registrations of `vllm_ascend/ops/register_custom_ops.py`); the emulated
+    NPU's tensors are CPU
     tensors, so the stand-in's CPU fallback runs those kernels and counts the calls
     (`emulator.surface.npu_kernels_on_host`)."""
     from vllm_npu_ext.emulator import surface
@@ -158,10 +163,11 @@ def npu_kernels_on_the_host(vllm_ascend_started):
 
 def _worker_steps(vllm_config) -> None:
     """`register_ascend_customop` and `init_ascend_config`, as `NPUWorker.__init__` calls them
-    (worker.py:118, 120), and the weight-prefetch method its model runner sets up before it
+    (vllm-ascend 0.23.0.post1 `NPUWorker.__init__`), and the weight-prefetch method its model
+    runner sets up before it
     loads the model (vllm-ascend's RMSNorm reads it in its forward).
 
-    Not run here: `adapt_patch()` (worker.py:110), vllm-ascend's worker patches (see
+    Not run here: `adapt_patch()` (also `NPUWorker.__init__`), vllm-ascend's worker patches (see
     `distributed` for their process groups). Its loader patch
     (patch_process_weights_after_loading.py) runs the same `quant_method.
     process_weights_after_loading` loop as vLLM's for a model without DSA attention, so the
@@ -174,7 +180,7 @@ def _worker_steps(vllm_config) -> None:
 
     register_ascend_customop(vllm_config)
     ascend_config = init_ascend_config(vllm_config)
-    with set_current_vllm_config(vllm_config):  # NPUModelRunner.__init__ (model_runner_v1.py:338)
+    with set_current_vllm_config(vllm_config):  # as NPUModelRunner.__init__ does
         set_weight_prefetch_method(ascend_config.weight_prefetch_config)
 
 
@@ -400,7 +406,8 @@ def test_a_layer_launches_the_same_operators_as_without_vllm_ascend(built, count
 def _norm_with_loaded_bias(vllm_config, hidden_size: int, eps: float):
     """An RMSNorm built as vLLM builds ours (vllm-ascend's, here), in the model's dtype, with
     the bias vllm-ascend's RMSNorm carries for quantised checkpoints whose description lists
-    norm biases (vllm_ascend/ops/layernorm.py:43-46), loaded by its own weight loader."""
+    norm biases (vllm-ascend 0.23.0.post1 `AscendRMSNorm.__init__`), loaded by its own weight
+    loader."""
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.layers.layernorm import RMSNorm
 

@@ -2,7 +2,8 @@
 
 `EngineArgs.create_engine_config()` builds the VllmConfig as `vllm serve` does: vLLM runs our
 per-architecture hook (`models/qwen3_config.Qwen3GraphModeHook`) and its own pooling override,
-then vllm-ascend's `check_and_update_config` (platform.py:450-790). The final
+then vllm-ascend's `check_and_update_config` (vllm-ascend 0.23.0.post1
+`NPUPlatform.check_and_update_config`). The final
 `CompilationConfig` is asserted on the object, and our start-up check (`check_graph_mode`,
 run when the model is built) accepts or refuses it.
 """
@@ -76,7 +77,8 @@ def test_generation_keeps_vllm_ascends_full_and_piecewise(configs):
 
 def test_xlite_decode_only_is_refused_at_start_up(configs):
     """vllm-ascend sets FULL_DECODE_ONLY under xlite after vLLM's pooling override
-    (platform.py:517-525): the model refuses to start rather than capture attention."""
+    (`NPUPlatform.check_and_update_config`, its `xlite_graph_config.enabled` branch): the model
+    refuses to start rather than capture attention."""
     from vllm.config.compilation import CUDAGraphMode
 
     config = configs["xlite"]
@@ -86,7 +88,8 @@ def test_xlite_decode_only_is_refused_at_start_up(configs):
 
 
 def test_xlite_full_mode_runs_eager(configs):
-    """xlite's full mode turns ACL graphs off (platform.py:518-522): eager, nothing captured."""
+    """xlite's full mode turns ACL graphs off (`NPUPlatform.check_and_update_config`, its
+    `xlite_graph_config.full_mode` branch): eager, nothing captured."""
     from vllm.config import CompilationMode
     from vllm.config.compilation import CUDAGraphMode
 
@@ -98,7 +101,8 @@ def test_xlite_full_mode_runs_eager(configs):
 
 
 def test_profiling_chunk_config_is_refused_at_start_up(configs):
-    """vllm-ascend accepts it (ProfilingChunkScheduler, platform.py:720-725); its warm-up
+    """vllm-ascend accepts it (ProfilingChunkScheduler, set in
+    `NPUPlatform.check_and_update_config`); its warm-up
     forces attention in a dummy run, which needs a KV cache we do not have."""
     config = configs["profiling_chunk"]
     assert "ProfilingChunkScheduler" in str(config.scheduler_config.scheduler_cls)

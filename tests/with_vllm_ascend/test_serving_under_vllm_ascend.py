@@ -308,7 +308,8 @@ def test_side_by_side_with_stock_on_one_checkpoint(stock_engine, plugin_bf16_eng
     first layer's input norm has no residual), FIA writing straight into the layer's output
     (`.out`). Stock: the q/k norms and its rotary op apart, and its attention op's
     ReshapeAndCache, FIA and the copy of its result into the layer's output
-    (`attention_v1.py:1360`; its second copy, :1543, copies those rows onto themselves, which
+    (vllm-ascend 0.23.0.post1 `AscendAttentionBackendImpl.forward_fused_infer_attention`; its
+    second copy, in `AscendAttentionBackendImpl.forward`, copies those rows onto themselves, which
     PyTorch's copy_ skips and op_counter.py does not count)."""
     stock, ours = stock_engine, plugin_bf16_engine
     want = hf_embeddings(started.stock_dir, PARITY_TEXTS)
@@ -341,7 +342,8 @@ def graph_engine(started):
 def test_default_graph_mode_captures_and_replays_vllm_ascends_acl_graphs(graph_engine):
     """float32, default graph mode: PIECEWISE (vLLM's choice for pooling), vllm-ascend's own
     compiler with its fusion passes (npugraph_ex off: vllm-ascend turns it off for piecewise
-    graphs, platform.py:624-629), its ACLGraphWrapper capturing every capture size on the
+    graphs, `NPUPlatform.check_and_update_config`), its ACLGraphWrapper capturing every capture
+    size on the
     stand-in's NPUGraph and replaying one graph per piece. FIA does not take float32, so our
     attention op splits the graphs, and the log says why."""
     r, log = graph_engine, graph_engine["log"]

