@@ -165,7 +165,8 @@ class CPProbe:
             # and the merge operators the graphs captured since start (one task per layer
             # per captured batch size).
             "FIA task updates": graphs.stats["task_updates"] - _state["updates_at_reset"],
-            # ATB's paged cache load: chunked context's KV (`attention_cp.py:781-800`)
+            # ATB's paged cache load: chunked context's KV (vllm-ascend 0.23.0.post1
+            # `AscendAttentionCPImpl._load_kv_for_chunk`)
             "KV loads for chunked context": registry.calls[atb.PAGED_CACHE_LOAD],
             "captured: our operator": graphs.captured_operators[CAPTURED_OURS],
             "captured: TensorList npu_attention_update": graphs.captured_operators[

@@ -28,12 +28,13 @@ then in the same engine with vllm-ascend's own pair (the patch undone in every w
 runs are compared with their non-CP baseline (TP 1 eager with whole prompts, or the TP 2
 server) within the bf16 bound
 derived in `support/cp_decode.py`. `enable_cp()` is cached per process
-(`attention/utils.py:123-126`): every configuration is a process of its own.
+(vllm-ascend 0.23.0.post1 `vllm_ascend.attention.utils.enable_cp`): every configuration is a
+process of its own.
 
 Run settings and why: `cp_kv_cache_interleave_size` 1 (vLLM's default) and prompts longer
 than pcp x dcp tokens, except in the `SHORT` engine. PCP runs at vLLM's default async
 scheduling: vllm-ascend's DualChunkSwap padding reads a reused input-batch row's stale -1
-placeholders as token ids (`worker/model_runner_v1.py:2737-2755`), which our
+placeholders as token ids (vllm-ascend 0.23.0.post1 `NPUModelRunner._bookkeeping_sync`), which our
 `vllm_ascend_pcp_input_ids` patch sets to 0 (without it: IndexError on the host at TP 1).
 Our CANN operator is the stand-in's build of it (VLLM_NPU_EXT_EMULATE_OPS=1, the default
 under VLLM_NPU_EXT_EMULATE=1).
@@ -305,7 +306,8 @@ def test_engines_at_vllms_defaults_decode_in_full_graphs_with_the_merge_inside(r
     """At vLLM's defaults (no enforce_eager, no compilation override, async scheduling) decode
     runs in vllm-ascend's full decode graphs (FULL_AND_PIECEWISE): paged FIA captured in a
     task group with the merge after it, FIA's key counts updated before each replay
-    (`attention_cp.py:321-426, 626-677`), the CP collectives replayed inside. Read from each
+    (`AscendAttentionCPImpl.update_graph_params`, `_forward_decode_pcp_dcp`), the CP collectives
+    replayed inside. Read from each
     worker: full-graph replays with FIA task updates; with our patch, our operator captured
     in the decode graphs and run in every decode step, torch_npu's TensorList AttentionUpdate
     never captured; vllm-ascend's merge (patch off from the start) the other way round."""
@@ -428,7 +430,8 @@ def test_the_cp_server_at_vllms_defaults_decodes_in_full_graphs_through_our_merg
 def test_engines_at_vllms_defaults_prefill_in_chunks_and_hit_the_prefix_cache(runs, name):
     """A token budget below every prompt: each rank reads its shard of a request's earlier
     chunks (chunked context) through ATB's paged cache load (`DeviceOperator.kv_cache_load`,
-    `attention_cp.py:781-800`). The second prompt starts with the first's `SHARED_PREFIX`
+    `AscendAttentionCPImpl._load_kv_for_chunk`). The second prompt starts with the first's
+    `SHARED_PREFIX`
     tokens, and the second round finds every prompt's full blocks cached: prefix-cache hits,
     whose context is read the same way. Equal tokens: the comparisons above."""
     for merge in MERGES:

@@ -4,12 +4,13 @@ float64 attention over the whole sequence.
 Every rank is started as a vLLM worker on Ascend (the stand-in, vLLM 0.23's distributed
 environment over the stand-in's `hccl`, vLLM's DCP/PCP groups) and runs, for DCP 2, PCP 2 and
 both, the pieces of vllm-ascend 0.23 that a decode step runs, as its runner calls them
-(`worker/model_runner_v1.py:918-944, 3092-3186`):
+(vllm-ascend 0.23.0.post1 `NPUModelRunner._prepare_inputs` and, in
+`NPUModelRunner._build_attention_metadata`, `_get_block_table_and_slot_mapping`):
 
 - its block table (`worker/block_table.py`), the same block ids on every rank, and its CP slot
   mapping (`BlockTable.compute_slot_mapping`: -1 for every token another rank stores);
 - the context's keys and values written by its own ReshapeAndCache call
-  (`DeviceOperator.reshape_and_cache`, `device/device_op.py:47-52`) at those slots;
+  (`DeviceOperator.reshape_and_cache`, `BaseDeviceAdaptor.reshape_and_cache`) at those slots;
 - its `PCPManager` (`worker/pcp_utils.py`): batch info, the PCP token split and padded slot
   mapping, and `generate_pcp_metadata` (each rank's key counts per request);
 - its metadata builder `AscendAttentionCPMetadataBuilder.build` on the
@@ -104,7 +105,7 @@ def block_table_for(vllm_config, cp_size: int):
 
 def slots(table, positions: list[list[int]]) -> torch.Tensor:
     """vllm-ascend's CP slot mapping of `positions` (per request), as the runner computes it
-    before the PCP split (model_runner_v1.py:918-934)."""
+    before the PCP split (vllm-ascend 0.23.0.post1 `NPUModelRunner._prepare_inputs`)."""
     counts = torch.tensor([len(p) for p in positions])
     query_start = torch.cat([torch.zeros(1, dtype=torch.int32), counts.cumsum(0).int()])
     flat = torch.tensor([p for request in positions for p in request])

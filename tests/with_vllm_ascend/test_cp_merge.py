@@ -4,7 +4,8 @@ In gloo ranks started as vLLM workers start (the stand-in, vLLM's distributed en
 the `hccl` backend, which the stand-in maps to gloo, vLLM's DCP/PCP groups, both packages'
 general plugins), vllm-ascend's own `attention_cp` module is imported and our hook replaces
 its merge pair on import. The pair as `AscendAttentionCPImpl._forward_decode_pcp_dcp` calls
-it (attention_cp.py:683-684, names resolved in the module's globals), running our CANN
+it (`_process_attn_out_lse` then `_npu_attention_update`, names resolved in the module's
+globals), running our CANN
 operator (its AscendC kernel built for the host, `emulator.operators.npu_ext_cann`), is compared
 with vllm-ascend's own unpatched pair (`common_cp`, through the emulated TensorList
 `npu_attention_update`) and with an exact float64 log-sum-exp merge of every rank's partials.

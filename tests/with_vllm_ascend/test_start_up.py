@@ -154,7 +154,7 @@ def test_our_operator_package_stays_first_after_vllm_ascends_kernel_loading(fres
 
 def test_vllm_ascends_retry_path_raises(fresh_process):
     """Found here, a vllm-ascend 0.23.0.post1 defect: when `vllm_ascend_C` fails to load for
-    want of `libcust_opapi.so`, `enable_custom_op()` retries (utils.py:443-449) by importing
+    want of `libcust_opapi.so`, `enable_custom_op()` retries (its `except` branch) by importing
     `meta_registration` *before* `vllm_ascend_C`, and registering Meta kernels for operators
     that do not exist yet raises RuntimeError instead of the logged fallback. The environment
     change it makes first (its vendor op_api/lib, already present) leaves our order intact
