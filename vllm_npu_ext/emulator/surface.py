@@ -24,7 +24,7 @@ from types import ModuleType
 
 import torch
 
-from .device import collectives, graph_tasks, graphs, npugraph_ex
+from .device import collectives, graph_tasks, graphs, host_copies, npugraph_ex
 from .device import npu as device
 from .operators import vllm_ascend_library, vllm_ascend_triton, vllm_triton
 from .runtime.strict import not_emulated, strict_module
@@ -172,6 +172,7 @@ def install(torch_npu: ModuleType) -> ModuleType:
     fallback.fallback(_npu_kernel_on_host, "CPU", with_keyset=True)
     _libraries.append(fallback)
     collectives.register()
+    _libraries.append(host_copies.install(host_copies.PENDING, npu.current_stream))
     vllm_triton.install()  # vLLM's Triton kernels, where it has no Triton backend
     vllm_ascend_library.install()  # vllm-ascend's operator library, where it has none on disk
     vllm_ascend_triton.install()  # vllm-ascend's Triton operators, where it registers none

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from ..runtime.strict import not_emulated, strict_module
-from . import graph_tasks, graphs, host_npu, stream_order
+from . import graph_tasks, graphs, host_copies, host_npu, stream_order
 
 NAME = "torch.npu"
 
@@ -137,6 +137,7 @@ def synchronize(device: Any = None) -> None:
     _index(device)
     graphs.require_stream_free(f"{NAME}.synchronize()")
     stream_order.synchronized()
+    host_copies.PENDING.settle()
 
 
 def empty_cache() -> None:
@@ -232,6 +233,7 @@ class Stream:
     def synchronize(self) -> None:
         graphs.require_stream_free(f"{NAME}.Stream.synchronize()")
         stream_order.synchronized(self)
+        host_copies.PENDING.settle()
 
     def __repr__(self) -> str:
         return f"<{NAME}.Stream {id(self):#x} device=npu:{self.device_index} (host)>"
@@ -259,6 +261,7 @@ class Event:
     def synchronize(self) -> None:
         graphs.require_stream_free(f"{NAME}.Event.synchronize()")
         stream_order.finished(self.ticket)
+        host_copies.PENDING.settle()
 
     def elapsed_time(self, end_event: Event) -> float:
         """Milliseconds between this event's record and end_event's."""

@@ -655,9 +655,27 @@ at::Tensor& set_empty(at::Tensor& self) {
   return at::cpu::set_(self);
 }
 
+// A non-blocking copy from pageable host memory to the device: torch_npu queues it and the
+// device reads the host memory when the stream reaches it. Here the copy is made at once, and
+// the source goes to the check the Python side registered (`device/host_copies.py`), which
+// refuses it if it is freed or overwritten before the host knows the stream passed the copy.
+void report_pageable_copy(const at::Tensor& source, const at::Tensor& dst) {
+  if (!source.device().is_cpu() || dst.device().type() != kNpu || source.is_pinned()) {
+    return;
+  }
+  static const c10::OperatorHandle op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("npu_host::pageable_copy", "");
+  if (op.hasKernelForDispatchKey(c10::DispatchKey::CPU)) {
+    op.typed<void(const at::Tensor&)>().call(source);
+  }
+}
+
 // Copies between npu and cpu, and within npu: both sides as host tensors.
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   check_not_blocked("a copy");
+  if (non_blocking) {
+    report_pageable_copy(self, dst);
+  }
   Call call;
   at::Tensor source = call.to_host(self);
   at::Tensor target = call.to_host(dst);
@@ -765,4 +783,6 @@ TORCH_LIBRARY(npu_host, m) {
   m.def("set_blocked(str reason) -> ()", TORCH_FN(npu_host::set_blocked));
   m.def("manual_seed(int seed, int device) -> ()", TORCH_FN(npu_host::manual_seed));
   m.def("initial_seed(int device) -> int", TORCH_FN(npu_host::initial_seed));
+  // No kernel here: the Python side registers the CPU one (`device/host_copies.py`).
+  m.def("pageable_copy(Tensor source) -> ()");
 }
