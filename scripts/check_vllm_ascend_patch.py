@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Check, from vllm-ascend's sources, what the CP merge patch assumes and no run can show.
 
-The patch (vllm_npu_ext/patches/vllm_ascend_cp.py) replaces a pair of functions in the
+The patch (vllm_npu_ext/patches/vllm_ascend_cp/) replaces `common_cp`'s merge functions in the
 modules that call them. Most of what it assumes is now seen running, with vllm-ascend
 0.23.0.post1 installed in .venv-ascend (tests/with_vllm_ascend): the installed version, the
 targets' parameters (`target_problem` on the real `common_cp`), that the originals do what
@@ -35,11 +35,12 @@ import urllib.request
 from pathlib import Path
 
 from vllm_npu_ext.patches import PATCHES, pins
-from vllm_npu_ext.patches.vllm_ascend_cp import (
+from vllm_npu_ext.patches.vllm_ascend_cp import TESTED_VERSION
+from vllm_npu_ext.patches.vllm_ascend_cp.patching import (
     CALLER_MODULES,
     COMMON_MODULE,
+    PAIR,
     TARGET_SIGNATURES,
-    TESTED_VERSION,
 )
 
 SIMPLE_INDEX = "https://pypi.org/simple/vllm-ascend/"
@@ -47,7 +48,7 @@ SDIST_NAME = f"vllm_ascend-{TESTED_VERSION}.tar.gz"
 # The sdist this project was checked against (PyPI's published sha256): a different file under
 # the same name is refused, whatever the index says.
 SDIST_SHA256 = "a3b9f4a5dd7aa50c37e03d1f35937c4ae5aeacc49b734cac74d59ce5757738e1"
-PROCESS, UPDATE = "_process_attn_out_lse", "_npu_attention_update"
+PROCESS, UPDATE = PAIR
 
 
 def module_path(module: str) -> str:
@@ -147,7 +148,7 @@ def _pair_problems(function: ast.FunctionDef) -> tuple[int, list[str]]:
 
 
 def check_callers(sources: dict[str, str]) -> dict[str, str | None]:
-    """Each caller imports both targets and uses them only as a pair."""
+    """Each caller imports the decode pair and uses it only as a pair."""
     results: dict[str, str | None] = {}
     for module in CALLER_MODULES:
         text = sources.get(module_path(module))
@@ -161,8 +162,8 @@ def check_callers(sources: dict[str, str]) -> dict[str, str | None]:
             if isinstance(node, ast.ImportFrom) and node.module == COMMON_MODULE
             for alias in node.names
         }
-        missing = set(TARGET_SIGNATURES) - imported
-        results[f"{module} imports both targets"] = f"no {sorted(missing)}" if missing else None
+        missing = set(PAIR) - imported
+        results[f"{module} imports the pair"] = f"no {sorted(missing)}" if missing else None
         pairs, problems = 0, []
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef):

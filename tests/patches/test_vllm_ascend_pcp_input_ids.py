@@ -54,6 +54,7 @@ def runner_module(monkeypatch):
         pass
 
     module.NPUModelRunner = NPUModelRunner
+    monkeypatch.setitem(sys.modules, "vllm_ascend", ModuleType("vllm_ascend"))  # pins checked
     monkeypatch.setitem(sys.modules, patch.RUNNER_MODULE, module)
     yield module
     patch.unpatch_module(module)

@@ -85,11 +85,11 @@ def _context_observed(compute):
 
     @functools.wraps(compute)
     def probe(self, query, kv_cache, attn_metadata):
-        from vllm_npu_ext.patches import vllm_ascend_cp
+        from vllm_npu_ext.patches.vllm_ascend_cp import masks
 
         counts["context chunks"] += 1
         chunked = attn_metadata.prefill.chunked_context
-        rows = vllm_ascend_cp.empty_context_rows(chunked, self.pcp_rank, self.dcp_rank)
+        rows = masks.empty_context_rows(chunked, masks.Ranks(self.pcp_rank, self.dcp_rank))
         if chunked.local_total_toks and rows is not None:
             counts["context chunks with a request without context here"] += 1
         return compute(self, query, kv_cache, attn_metadata)
@@ -103,11 +103,11 @@ def _masks_observed(refresh):
     step has no key on this rank."""
 
     @functools.wraps(refresh)
-    def probe(self, lengths):
-        refresh(self, lengths)
+    def probe(self, lengths, ranks):
+        refresh(self, lengths, ranks)
         counts["graph masks written"] += 1
         rows = min(len(lengths), self.capacity)
-        if bool(self.masks[0, :rows].cpu().any()):
+        if bool(self.host_empty()[:rows].any()):
             counts["graph masks written with a request without keys here"] += 1
 
     probe.__wrapped_by_cp_probe__ = refresh
@@ -141,11 +141,10 @@ class CPProbe:
         model = self.model_runner.model
         if not hasattr(model.compute_logits, "__wrapped_by_cp_probe__"):
             model.compute_logits = _logits_observed(model.compute_logits)
-        from vllm_npu_ext.patches import vllm_ascend_cp
+        from vllm_npu_ext.patches.vllm_ascend_cp.masks import GraphMasks
 
-        refresh = vllm_ascend_cp.GraphMasks.refresh
-        if not hasattr(refresh, "__wrapped_by_cp_probe__"):
-            vllm_ascend_cp.GraphMasks.refresh = _masks_observed(refresh)
+        if not hasattr(GraphMasks.refresh, "__wrapped_by_cp_probe__"):
+            GraphMasks.refresh = _masks_observed(GraphMasks.refresh)
         if _flag(our_cann_operator):
             _install_our_cann_operator()
         return self.cp_probe_counts()
@@ -154,12 +153,14 @@ class CPProbe:
         from vllm_npu_ext.emulator.device import graphs
         from vllm_npu_ext.emulator.operators import atb, npu_ext_cann
         from vllm_npu_ext.emulator.runtime import registry
-        from vllm_npu_ext.patches import vllm_ascend_cp, vllm_ascend_pcp_input_ids
+        from vllm_npu_ext.patches import vllm_ascend_pcp_input_ids
+        from vllm_npu_ext.patches.vllm_ascend_cp import patching
 
         module = sys.modules.get(ATTENTION_CP)
         return {
             **counts, "graph replays": graphs.stats["replays"] - _state["replays_at_reset"],
-            "PCP placeholder ids set to 0": vllm_ascend_pcp_input_ids.stats["placeholder_ids"],
+            "PCP placeholder ids set to 0": vllm_ascend_pcp_input_ids.placeholder_ids_set(
+                self.model_runner),
             "our CANN operator": npu_ext_cann.calls[npu_ext_cann.OP_NAME],
             # Updates of captured FIA tasks (one per layer per full-graph replay, `graph_tasks`)
             # and the merge operators the graphs captured since start (one task per layer
@@ -171,11 +172,10 @@ class CPProbe:
             "captured: our operator": graphs.captured_operators[CAPTURED_OURS],
             "captured: TensorList npu_attention_update": graphs.captured_operators[
                 "npu.npu_attention_update.default"],
-            # the graph masks' lse write (`vllm_ascend_cp.GraphMasks`)
+            # the graph masks' lse write (`vllm_ascend_cp.masks.GraphMasks`)
             "captured: masked lse": graphs.captured_operators["aten.where.self_out"],
             "attention_cp imported": module is not None,
-            "merge patched": module is not None
-            and module._npu_attention_update is vllm_ascend_cp.npu_attention_update,
+            "merge patched": module is not None and patching.patched(module),
         }
 
     def cp_probe_reset(self) -> None:
@@ -192,12 +192,13 @@ class CPProbe:
     def cp_set_patch(self, on: bool) -> bool:
         """Our merge (on) or vllm-ascend's own pair (off) in this worker's attention_cp."""
         from vllm_npu_ext.patches import vllm_ascend_cp
+        from vllm_npu_ext.patches.vllm_ascend_cp import patching
 
         module = importlib.import_module(ATTENTION_CP)
         if _flag(on):
-            return vllm_ascend_cp.patch_module(module)
-        vllm_ascend_cp.unpatch_module(module)
-        return module._npu_attention_update is not vllm_ascend_cp.npu_attention_update
+            return patching.patch(vllm_ascend_cp.active(), module)
+        patching.unpatch(module)
+        return not patching.patched(module)
 
 
 def _install_our_cann_operator() -> None:

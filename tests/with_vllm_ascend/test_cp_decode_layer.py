@@ -214,6 +214,7 @@ def run_config(model_dir: str, dcp: int, pcp: int) -> dict:
     from vllm.v1.kv_cache_interface import FullAttentionSpec
 
     from vllm_npu_ext.patches import vllm_ascend_cp
+    from vllm_npu_ext.patches.vllm_ascend_cp import patching
 
     vllm_config = config_for(model_dir, dcp, pcp)
     with set_current_vllm_config(vllm_config):
@@ -231,9 +232,9 @@ def run_config(model_dir: str, dcp: int, pcp: int) -> dict:
         results = {}
         for merge in MERGES:
             if merge == "ours":
-                vllm_ascend_cp.patch_module(module)
+                assert patching.patch(vllm_ascend_cp.active(), module)
             else:
-                vllm_ascend_cp.unpatch_module(module)
+                patching.unpatch(module)
             results[merge] = decode_step(module, builder, vllm_config, dcp, pcp,
                                          slice(first, first + per_rank))  # fmt: skip
         parallel_state.destroy_model_parallel()

@@ -3,7 +3,7 @@
 In gloo ranks started as vLLM workers start (the stand-in, vLLM's distributed environment with
 the `hccl` backend, which the stand-in maps to gloo, vLLM's DCP/PCP groups, both packages'
 general plugins), vllm-ascend's own `attention_cp` module is imported and our hook replaces
-its merge pair on import. The pair as `AscendAttentionCPImpl._forward_decode_pcp_dcp` calls
+its merges on import. The decode pair as `AscendAttentionCPImpl._forward_decode_pcp_dcp` calls
 it (`_process_attn_out_lse` then `_npu_attention_update`, names resolved in the module's
 globals), running our CANN
 operator (its AscendC kernel built for the host, `emulator.operators.npu_ext_cann`), is compared
@@ -53,6 +53,31 @@ def exact_merge(rank: int, dcp: int, pcp: int, dtype: torch.dtype) -> torch.Tens
     return (weights * torch.stack(outs)).sum(0)
 
 
+def prefill_merges(module, originals) -> dict:
+    """`_npu_attn_out_lse_update` as `attention_cp` calls it (PCP's mask/nomask halves, a chunk
+    with its context): ours (patched) and vllm-ascend's on the same bf16 partials, `[T, N, D]`
+    out and fp32 `[T, N, 1]` lse, against a float64 merge; TensorList calls of each."""
+    from vllm_npu_ext import emulator
+    from vllm_npu_ext.emulator.operators import npu_ext_cann as cann_ops
+
+    generator = torch.Generator().manual_seed(7)
+    outs = [torch.randn(7, HEADS, HEAD_DIM, generator=generator).bfloat16() for _ in range(2)]
+    lses = [torch.randn(7, HEADS, 1, generator=generator) * 3 for _ in range(2)]
+    emulator.reset_counts()
+    cann_ops.calls.clear()
+    with cann_ops.emulated():
+        ours = module._npu_attn_out_lse_update(lses[0], lses[1], outs[0], outs[1])
+    ours_calls = (emulator.calls["npu_attention_update"], cann_ops.calls[cann_ops.OP_NAME])
+    theirs = originals["_npu_attn_out_lse_update"](lses[0], lses[1], outs[0], outs[1])
+    weights = torch.softmax(torch.stack(lses).double(), dim=0)
+    exact = (weights * torch.stack(outs).double()).sum(0)
+    return {"shapes": [list(ours.shape), list(theirs.shape)], "dtype": str(ours.dtype),
+            "vs_original": (ours - theirs).abs().max().item(),
+            "vs_exact": (ours.double() - exact).abs().max().item(),
+            "ours_calls": list(ours_calls),
+            "theirs_tensor_list_calls": emulator.calls["npu_attention_update"] - ours_calls[0]}
+
+
 def rank_worker(rank: int, world: int) -> dict:
     from support.vllm_ascend_env import start_like_a_vllm_ascend_process
     from vllm.config import VllmConfig, set_current_vllm_config
@@ -66,16 +91,18 @@ def rank_worker(rank: int, world: int) -> dict:
     import importlib
 
     from vllm_npu_ext.patches import vllm_ascend_cp
+    from vllm_npu_ext.patches.vllm_ascend_cp import patching
 
     module = importlib.import_module(ATTENTION_CP)
-    common = importlib.import_module(vllm_ascend_cp.COMMON_MODULE)
-    originals = getattr(module, vllm_ascend_cp.PATCHED_MARKER)
+    common = importlib.import_module(patching.COMMON_MODULE)
+    originals = getattr(module, patching.ORIGINALS)
+    merge = vllm_ascend_cp.active()
     results = {
-        "patched_on_import": module._npu_attention_update is vllm_ascend_cp.npu_attention_update
-        and module._process_attn_out_lse is vllm_ascend_cp.process_attn_out_lse,
-        "originals_are_common_cp": originals["_npu_attention_update"]
-        is common._npu_attention_update
-        and originals["_process_attn_out_lse"] is common._process_attn_out_lse,
+        "patched_on_import": all(getattr(module, name).__self__ is merge
+                                 for name in patching.TARGET_SIGNATURES),
+        "originals_are_common_cp": all(originals[name] is getattr(common, name)
+                                       for name in patching.TARGET_SIGNATURES),
+        "prefill": prefill_merges(module, originals),
         "device_backend": torch.distributed.get_backend(
             parallel_state.get_world_group().device_group
         ),
@@ -124,6 +151,16 @@ def test_our_hook_patched_vllm_ascends_attention_cp_in_every_rank(rank_results):
     for result in rank_results:
         assert result["patched_on_import"] and result["originals_are_common_cp"]
         assert result["device_backend"] == "hccl"
+
+
+def test_the_prefill_merge_is_ours_and_equals_vllm_ascends(rank_results):
+    """PCP's and chunked context's merge of two partials: one call of our operator and no
+    TensorList call (vllm-ascend's: one), the same fp32 result within fp32 rounding."""
+    for result in rank_results:
+        case = result["prefill"]
+        assert case["shapes"] == [[7, HEADS, HEAD_DIM]] * 2 and case["dtype"] == "torch.float32"
+        assert case["ours_calls"] == [0, 1] and case["theirs_tensor_list_calls"] == 1, case
+        assert case["vs_original"] <= 1e-5 and case["vs_exact"] <= 1e-5, case
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -71,12 +71,11 @@ CHILD = textwrap.dedent(
     CALLERS = ("vllm_ascend.attention.context_parallel.attention_cp",
                "vllm_ascend.attention.context_parallel.mla_cp")
     records["callers_loaded_without_cp"] = [name in sys.modules for name in CALLERS]
-    from vllm_npu_ext.patches import vllm_ascend_cp
+    from vllm_npu_ext.patches.vllm_ascend_cp import patching
     records["callers_patched_on_import"] = [
-        importlib.import_module(name)._npu_attention_update is vllm_ascend_cp.npu_attention_update
-        for name in CALLERS]
-    records["common_cp_problem"] = vllm_ascend_cp.target_problem(
-        importlib.import_module(vllm_ascend_cp.COMMON_MODULE))
+        patching.patched(importlib.import_module(name)) for name in CALLERS]
+    records["common_cp_problem"] = patching.target_problem(
+        importlib.import_module(patching.COMMON_MODULE))
     print("RECORDS " + json.dumps(records))
     """
 )

@@ -37,19 +37,19 @@ def pack_out_lse(
     dcp_size: int,
     empty: torch.Tensor | None = None,
     *,
-    neg_inf: torch.Tensor | None = None,
+    fill: torch.Tensor | None = None,
     zero_out: bool = True,
 ) -> torch.Tensor:
     """Write local partial results into a DCP send buffer.
 
     out: `[bs, dcp_size * H, D]` (any float dtype); lse: `[bs, dcp_size * H]` or
     `[bs, dcp_size * H, 1]`. empty: bool `[bs]` on out's device, True for a sequence of which
-    this rank holds no key: its lse is written as -inf and (`zero_out`) its out rows as 0,
-    whatever the attention kernel left there (FIA's result for zero keys is not documented),
-    so the merge gives the shard weight 0. None: every sequence has keys here. The lse is
-    written through `torch.where` from `neg_inf` (an fp32 0-dim tensor on out's device; made
-    here when None) in place of its copy; `zero_out=False` (a merge that does not read out at
-    weight 0, e.g. inside a graph) adds nothing else.
+    this rank holds no key: its lse is written as `fill` and (`zero_out`) its out rows as 0,
+    whatever the attention kernel left there (FIA's result for zero keys is not documented).
+    fill: fp32 `[bs]` or 0-dim on out's device (None: -inf, the shard gets weight 0); written
+    through `torch.where` in place of the lse copy. `zero_out=False` (a merge that does not read
+    out at weight 0, e.g. our operator) adds nothing else. None for `empty`: every sequence has
+    keys here.
     Returns fp32 `[dcp_size, bs, H, D + 1]`: block j holds heads `j*H .. (j+1)*H - 1`,
     last channel the lse.
     """
@@ -73,13 +73,14 @@ def pack_out_lse(
         raise ValueError(
             f"empty must be bool [bs] = [{num_tokens}], got {empty.dtype} {tuple(empty.shape)}"
         )
-    if neg_inf is None:
-        neg_inf = torch.full((), float("-inf"), dtype=torch.float32, device=buffer.device)
-    elif neg_inf.dim() != 0 or neg_inf.dtype != torch.float32:
-        raise ValueError(f"neg_inf must be a 0-dim fp32 tensor, got {neg_inf.dtype} "
-                         f"{tuple(neg_inf.shape)}")  # fmt: skip
+    if fill is None:
+        fill = torch.full((), float("-inf"), dtype=torch.float32, device=buffer.device)
+    elif fill.dtype != torch.float32 or fill.shape not in ((), (num_tokens,)):
+        raise ValueError(f"fill must be fp32 [bs] = [{num_tokens}] or 0-dim, got {fill.dtype} "
+                         f"{tuple(fill.shape)}")  # fmt: skip
     rows = empty.view(1, num_tokens, 1)
-    torch.where(rows, neg_inf, lse_blocks.float(), out=buffer[..., head_dim])
+    fill = fill.view(1, -1, 1) if fill.dim() else fill
+    torch.where(rows, fill, lse_blocks.float(), out=buffer[..., head_dim])
     if zero_out:
         buffer[..., :head_dim].masked_fill_(rows.unsqueeze(-1), 0.0)
     return buffer
@@ -142,6 +143,45 @@ def merge_cp_buffer(buffer: torch.Tensor, kernel: MergeKernel | None = None) -> 
     lse, out = split_out_lse(buffer)
     merged, _ = attention_update(lse, out, kernel=kernel)
     return merged.view(buffer.shape[1], buffer.shape[2], out.shape[-1])
+
+
+def from_vllm_ascend_layout(buffer: torch.Tensor, dcp_size: int, pcp_size: int) -> torch.Tensor:
+    """vllm-ascend 0.23's exchanged `[pcp*bs, dcp*H, D+1]` -> contiguous `[pcp*dcp, bs, H, D+1]`
+    (one copy, as its `_npu_attention_update` makes)."""
+    if buffer.dim() != 3 or buffer.shape[0] % pcp_size or buffer.shape[1] % dcp_size:
+        raise ValueError(f"buffer must be [pcp*bs, dcp*H, D+1] with pcp={pcp_size}, "
+                         f"dcp={dcp_size}, got shape {tuple(buffer.shape)}")  # fmt: skip
+    rows, heads, width = buffer.shape
+    shards = buffer.view(pcp_size, rows // pcp_size, dcp_size, heads // dcp_size, width)
+    shards = shards.transpose(1, 2).contiguous()
+    return shards.view(pcp_size * dcp_size, rows // pcp_size, heads // dcp_size, width)
+
+
+def merge_pair(lses, outs, kernel: MergeKernel | None = None) -> torch.Tensor:
+    """Merge two partials of the same queries over disjoint keys into fp32 `[T, N, D]`.
+
+    lses: two `[T, N, 1]` (or `[T, N]`) tensors; outs: two `[T, N, D]` tensors, any float
+    dtype, in shard order. They are copied (cast to fp32) into one `[2, T*N]` lse and one
+    `[2, T*N, D]` out, the operator's tensor inputs: the copies vllm-ascend 0.23 makes to cast
+    them before its TensorList call (`common_cp._npu_attn_out_lse_update`), no more.
+    """
+    if len(lses) != 2 or len(outs) != 2:
+        raise ValueError(f"merge_pair takes two lses and two outs, got {len(lses)}, {len(outs)}")
+    shape = outs[0].shape
+    if len(shape) != 3 or outs[1].shape != shape:
+        raise ValueError(f"outs must be two [T, N, D] tensors of one shape, got "
+                         f"{tuple(outs[0].shape)}, {tuple(outs[1].shape)}")  # fmt: skip
+    rows, head_dim = shape[0] * shape[1], shape[2]
+    if any(lse.numel() != rows or lse.shape[:2] != shape[:2] for lse in lses):
+        raise ValueError(f"lses must be [T, N, 1] = {(*shape[:2], 1)}, got "
+                         f"{[tuple(lse.shape) for lse in lses]}")  # fmt: skip
+    out = outs[0].new_empty((2, rows, head_dim), dtype=torch.float32)
+    lse = out.new_empty((2, rows))
+    for index in range(2):
+        out[index].copy_(outs[index].reshape(rows, head_dim))
+        lse[index].copy_(lses[index].reshape(rows))
+    merged, _ = attention_update(lse, out, kernel=kernel)
+    return merged.view(shape)
 
 
 def cp_decode_merge(

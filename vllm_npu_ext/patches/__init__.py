@@ -38,6 +38,9 @@ VLLM_ASCEND_0_23 = "vllm-ascend 0.23.0.post1"
 _REGISTRY = "vllm.model_executor.models.registry:_ModelRegistry"
 _CP_PACKAGE = "vllm_ascend.attention.context_parallel"
 _COMMON_CP = f"{_CP_PACKAGE}.common_cp"
+_ATTENTION_CP = f"{_CP_PACKAGE}.attention_cp"
+_RUNNER = "vllm_ascend.worker.model_runner_v1"
+_VLLM_RUNNER = "vllm.v1.worker.gpu_model_runner"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +58,7 @@ class Patch:
     pins: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
     verified_by_patch: bool = False
     uninstall: str | None = None
+    needs: str | None = None  # the package without which it never applies (pins then absent)
 
 
 PATCHES: dict[str, Patch] = {patch.name: patch for patch in (
@@ -153,22 +157,25 @@ PATCHES: dict[str, Patch] = {patch.name: patch for patch in (
     ),
     Patch(
         name="vllm_ascend_cp",
-        target=f"{_COMMON_CP}._process_attn_out_lse and ._npu_attention_update, as "
-               "attention_cp and mla_cp import them; attention_cp's "
+        target=f"{_COMMON_CP}._process_attn_out_lse, ._npu_attention_update and "
+               "._npu_attn_out_lse_update, as attention_cp and mla_cp import them; attention_cp's "
                "AscendAttentionCPMetadataBuilder.build and "
                "AscendAttentionCPImpl._compute_prefill_context (wrapped)",
-        why="vllm-ascend merges CP decode results through per-shard lists and a permute copy",
-        how="an import hook (on_import.py, first on sys.meta_path) replaces the pair in the two "
-            "caller modules when vllm-ascend imports them, i.e. in CP workers only; the merge "
-            "kernel is chosen once, then; the builder's build also writes the step's "
+        why="vllm-ascend merges CP attention results (decode, and prefill's PCP halves and "
+            "context chunks) through torch_npu's TensorList AttentionUpdate and a permute copy",
+        how="an import hook (on_import.py, first on sys.meta_path) replaces the three functions "
+            "in the caller modules with the methods of one CPMerge when vllm-ascend imports them, "
+            "i.e. in CP workers only, unless a pin differs or speculative decoding is on; the "
+            "merge kernel is chosen once, then; the builder's build also writes the step's "
             "empty-shard masks for full decode graphs, and a context chunk's rows of a request "
-            "without context on the rank are sent as 0 / -inf (vllm_ascend_cp.py)",
+            "without context on the rank are sent as 0 / -inf (patches/vllm_ascend_cp/)",
         switch=envs.CP_PATCH,
         when=REGISTER,
         remove_when="vllm-ascend merges CP results from tensors with one operator call",
         install="vllm_npu_ext.patches.vllm_ascend_cp:install",
         uninstall="vllm_npu_ext.patches.vllm_ascend_cp:uninstall",
         pins={
+            # replaced
             f"{_COMMON_CP}:_process_attn_out_lse": {
                 VLLM_ASCEND_0_23:
                     "873b0a6eed635df38fb642d8a10aa207c473c87e583bfa6600dbcf13b4c624f3",
@@ -181,21 +188,63 @@ PATCHES: dict[str, Patch] = {patch.name: patch for patch in (
                 f"{VLLM_ASCEND_0_23} on Python 3.10":
                     "30fda3489497474f1233e270f236c40b946ac591ebb8e044a5c28fcd1521ef6a",
             },
-            f"{_CP_PACKAGE}.attention_cp:AscendAttentionCPMetadataBuilder.build": {
+            f"{_COMMON_CP}:_npu_attn_out_lse_update": {
+                VLLM_ASCEND_0_23:
+                    "33ae9fd36b983b245f7983d0a0b6ee8d78c5ca8d91ad2e8a0ff43bbb256b5f7a",
+            },
+            # wrapped
+            f"{_ATTENTION_CP}:AscendAttentionCPMetadataBuilder.build": {
                 VLLM_ASCEND_0_23:
                     "4aeb3f13a2f9558833be8b9a8e468df7c5e65784b9e1c7797c0e5a96189b6f66",
             },
-            f"{_CP_PACKAGE}.attention_cp:AscendAttentionCPImpl._compute_prefill_context": {
+            f"{_ATTENTION_CP}:AscendAttentionCPImpl._compute_prefill_context": {
                 VLLM_ASCEND_0_23:
                     "f8acec23073d50cfc99064d7369293ce0e8d9fcf6237ec13d8eb349fd4ffe07c",
             },
+            # relied on: the decode pair's caller and the lengths its graphs are updated with
+            # (rows past a step's requests get 0 keys), the prefill merges' callers and
+            # vllm-ascend's merge of context chunks (reads every shard's out), the per-rank key
+            # counts, and the runner building metadata inside vLLM's input-prep sync (the
+            # graph masks' pinned host buffer is rewritten only after it)
+            f"{_ATTENTION_CP}:AscendAttentionCPImpl._forward_decode_pcp_dcp": {
+                VLLM_ASCEND_0_23:
+                    "01afb762132226feb7346d542e770736c69dd8f3da805923a4d06407fb0f71fc",
+            },
+            f"{_ATTENTION_CP}:AscendAttentionCPImpl.update_graph_params": {
+                VLLM_ASCEND_0_23:
+                    "af415deb0045c15c566897c24d4eee1bf9dd5cd3bdee0aaaf47f0c5684cd87f2",
+            },
+            f"{_ATTENTION_CP}:AscendAttentionCPImpl._attention_with_nomask_and_mask": {
+                VLLM_ASCEND_0_23:
+                    "43f84cd08513c890694b79330e4f5975b33333fc7d4ce532c509fec1791461de",
+            },
+            f"{_ATTENTION_CP}:AscendAttentionCPImpl"
+            "._update_chunk_attn_out_lse_with_current_attn_out_lse": {
+                VLLM_ASCEND_0_23:
+                    "b2bd50ba1d0fc7cf1c63c556388f762b8f254622702b297591180cd2f273e553",
+            },
+            f"{_COMMON_CP}:_update_out_and_lse": {
+                VLLM_ASCEND_0_23:
+                    "13f0a7475bcc5cde98b9da2e43fe7a844da6991cbc6ac6092da843349e710d56",
+            },
+            "vllm_ascend.worker.pcp_utils:PCPManager._get_cp_local_seq_lens": {
+                VLLM_ASCEND_0_23:
+                    "3d1d32045585e8f7ba7e50d241babbd36ae1f300493d81976d3a9a8b31b55a23",
+            },
+            f"{_RUNNER}:NPUModelRunner.execute_model": {
+                VLLM_ASCEND_0_23:
+                    "fa0656faa28bb784d6f5c0430423702460dd126308a68fc5a21fb1568c36eaae",
+            },
+            f"{_VLLM_RUNNER}:GPUModelRunner.synchronize_input_prep": {
+                VLLM_0_23: "2ecbf3041d2afd141bce64b68d2ba99bfa6ad78d9996a320fcc35278798f300d",
+            },
         },
         verified_by_patch=True,
+        needs="vllm_ascend",
     ),
     Patch(
         name="vllm_ascend_pcp_input_ids",
-        target="vllm_ascend.worker.model_runner_v1:NPUModelRunner._prepare_input_ids "
-               "(vLLM's, inherited)",
+        target=f"{_RUNNER}:NPUModelRunner._prepare_input_ids (vLLM's, inherited)",
         why="with PCP and async scheduling, vllm-ascend's runner reads the -1 placeholders a "
             "finished request left in its input-batch row as the ids of its padding tokens, "
             "an out-of-range embedding index at TP 1",
@@ -207,16 +256,22 @@ PATCHES: dict[str, Patch] = {patch.name: patch for patch in (
         install="vllm_npu_ext.patches.vllm_ascend_pcp_input_ids:install",
         uninstall="vllm_npu_ext.patches.vllm_ascend_pcp_input_ids:uninstall",
         pins={
-            "vllm_ascend.worker.model_runner_v1:NPUModelRunner._prepare_inputs": {
+            # wrapped: vLLM's, as vllm-ascend 0.23.0.post1 inherits it (it requires vLLM 0.23.0)
+            f"{_VLLM_RUNNER}:GPUModelRunner._prepare_input_ids": {
+                VLLM_0_23: "3e82070358cc7b8e590f926b2cd30e76ab762d3a510fe620f97730e41a6fd736",
+            },
+            # relied on: the PCP padding that reads the row, and the -1 placeholders' writer
+            f"{_RUNNER}:NPUModelRunner._prepare_inputs": {
                 VLLM_ASCEND_0_23:
                     "a8de723991b39442a95a80414edd76f0a33b3e91f07764607ac0346efba8d41e",
             },
-            "vllm_ascend.worker.model_runner_v1:NPUModelRunner._bookkeeping_sync": {
+            f"{_RUNNER}:NPUModelRunner._bookkeeping_sync": {
                 VLLM_ASCEND_0_23:
                     "2342b4687aa94008cc852f250e3e365040aefc94b89747bbecbef76d09fca173",
             },
-        },  # vLLM's _prepare_input_ids: the vLLM vllm-ascend 0.23.0.post1 requires (0.23.0)
+        },
         verified_by_patch=True,
+        needs="vllm_ascend",
     ),
     Patch(
         name="vllm_ascend_cos_sin",
@@ -237,61 +292,6 @@ PATCHES: dict[str, Patch] = {patch.name: patch for patch in (
         },
         verified_by_patch=True,
     ),
-)}  # fmt: skip
-
-
-def _function(path: str):
-    module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
-def refusals(name: str, lookup=None, targets=None) -> list[pins.Check]:
-    """The pins of patch `name` (those of `targets` only, when given) that stop it, each
-    logged once with what to do."""
-    pinned = PATCHES[name].pins
-    if targets is not None:
-        pinned = {target: pinned[target] for target in targets}
-    checks = pins.check_all(name, pinned, lookup)
-    refused = [check for check in checks if not check.applicable]
-    if refused:
-        from vllm_npu_ext.logger import get_logger
-
-        for check in refused:
-            get_logger(__name__).warning("vllm-npu-ext: %s", check.message())
-    return refused
-
-
-def apply(name: str, *args) -> list[str]:
-    """Apply patch `name` (its install function with `args`) unless its switch is off or a pin
-    refuses it; returns the lines the patch reports."""
-    patch = PATCHES[name]
-    if patch.switch is not None and not patch.switch():
-        return []
-    if not patch.verified_by_patch and refusals(name):
-        return []
-    result = _function(patch.install)(*args)
-    if isinstance(result, str):
-        return [result]
-    return list(result) if isinstance(result, list | tuple) else []
-
-
-def revert(name: str, *args) -> None:
-    """Undo patch `name` (its uninstall function with `args`)."""
-    uninstall = PATCHES[name].uninstall
-    if uninstall is None:
-        raise ValueError(f"patch {name} cannot be undone")
-    _function(uninstall)(*args)
-
-
-def apply_patches(when: str = REGISTER) -> list[str]:
-    """Apply every patch that applies at `when`; returns one line per patch applied."""
-    return [line for patch in PATCHES.values() if patch.when == when
-            for line in apply(patch.name)]  # fmt: skip
-
-
-def pin_checks() -> list[pins.Check]:
-    """Every pin of the table checked against what is installed here (for the doctor)."""
-    return [check for name, patch in PATCHES.items() for check in pins.check_all(name, patch.pins)]
     Patch(
         name="vllm_shared_prefix",
         target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._model_forward and "
@@ -335,6 +335,62 @@ def pin_checks() -> list[pins.Check]:
         },
         verified_by_patch=True,
     ),
+)}  # fmt: skip
+
+
+def _function(path: str):
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def refusals(name: str, lookup=None, targets=None) -> list[pins.Check]:
+    """The pins of patch `name` (those of `targets` only, when given) that stop it, each
+    logged once with what to do."""
+    pinned = PATCHES[name].pins
+    if targets is not None:
+        pinned = {target: pinned[target] for target in targets}
+    checks = pins.check_all(name, pinned, lookup, PATCHES[name].needs)
+    refused = [check for check in checks if not check.applicable]
+    if refused:
+        from vllm_npu_ext.logger import get_logger
+
+        for check in refused:
+            get_logger(__name__).warning("vllm-npu-ext: %s", check.message())
+    return refused
+
+
+def apply(name: str, *args) -> list[str]:
+    """Apply patch `name` (its install function with `args`) unless its switch is off or a pin
+    refuses it; returns the lines the patch reports."""
+    patch = PATCHES[name]
+    if patch.switch is not None and not patch.switch():
+        return []
+    if not patch.verified_by_patch and refusals(name):
+        return []
+    result = _function(patch.install)(*args)
+    if isinstance(result, str):
+        return [result]
+    return list(result) if isinstance(result, list | tuple) else []
+
+
+def revert(name: str, *args) -> None:
+    """Undo patch `name` (its uninstall function with `args`)."""
+    uninstall = PATCHES[name].uninstall
+    if uninstall is None:
+        raise ValueError(f"patch {name} cannot be undone")
+    _function(uninstall)(*args)
+
+
+def apply_patches(when: str = REGISTER) -> list[str]:
+    """Apply every patch that applies at `when`; returns one line per patch applied."""
+    return [line for patch in PATCHES.values() if patch.when == when
+            for line in apply(patch.name)]  # fmt: skip
+
+
+def pin_checks() -> list[pins.Check]:
+    """Every pin of the table checked against what is installed here (for the doctor)."""
+    return [check for name, patch in PATCHES.items()
+            for check in pins.check_all(name, patch.pins, needs=patch.needs)]  # fmt: skip
 
 
 def describe() -> str:

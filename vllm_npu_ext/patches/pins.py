@@ -170,6 +170,12 @@ def check_target(patch: str, target: str, pinned: Mapping[str, str],
     return _compare(patch, target, digest, pinned)
 
 
-def check_all(patch: str, pins: Pins, lookup: Callable[[str], Any] | None = None) -> list[Check]:
-    """Every pin of one patch, checked."""
+def check_all(patch: str, pins: Pins, lookup: Callable[[str], Any] | None = None,
+              needs: str | None = None) -> list[Check]:  # fmt: skip
+    """Every pin of one patch, checked; all "absent" where the package `needs` names (without
+    which the patch never applies, e.g. vllm_ascend for a pin of vLLM it relies on there) is
+    not installed."""
+    if needs is not None and needs not in sys.modules and importlib.util.find_spec(needs) is None:
+        return [Check(patch, target, "absent", detail=f"{needs} is not installed")
+                for target in pins]  # fmt: skip
     return [check_target(patch, target, pinned, lookup) for target, pinned in pins.items()]

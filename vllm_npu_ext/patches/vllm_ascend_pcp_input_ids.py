@@ -36,8 +36,12 @@ RUNNER_MODULE = "vllm_ascend.worker.model_runner_v1"
 RUNNER_CLASS = "NPUModelRunner"
 METHOD = "_prepare_input_ids"
 PATCHED_MARKER = "__vllm_npu_ext_pcp_input_ids__"
-# Placeholder ids set to 0 in this process (for tests and logs to read).
-stats = {"placeholder_ids": 0}
+COUNT = "_vllm_npu_ext_placeholder_ids"  # on the runner: the ids it set to 0 so far
+
+
+def placeholder_ids_set(runner) -> int:
+    """How many placeholder ids the patch set to 0 in `runner` (for probes and logs)."""
+    return getattr(runner, COUNT, 0)
 
 
 def placeholders_to_zero(runner, num_tokens: int) -> int:
@@ -50,7 +54,7 @@ def placeholders_to_zero(runner, num_tokens: int) -> int:
     count = int(negative.sum())
     if count:
         ids.masked_fill_(negative, 0)
-        stats["placeholder_ids"] += count
+        setattr(runner, COUNT, placeholder_ids_set(runner) + count)
     return count
 
 
