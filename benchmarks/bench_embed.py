@@ -174,6 +174,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run the plugin's NPU path under the torch_npu emulator "
                         "(checks the script on CPU; timings are meaningless)")  # fmt: skip
     parser.add_argument("--max-model-len", type=int, default=1024)
+    parser.add_argument("--max-num-batched-tokens", type=int,
+                        help="every vLLM side's scheduler token budget per step (default: "
+                        "vLLM's)")  # fmt: skip
     parser.add_argument("--gpu-memory-utilization", type=float)
     parser.add_argument("--work-dir", type=Path, help="worker logs (default: a temp dir)")
     parser.add_argument("--timeout", type=float, default=3600,
@@ -229,6 +232,9 @@ class Bench:
             "emulate": self.args.emulate and side.kind == "vllm"
             and not side.name.startswith("stock"), "engine_args": side.engine_args,
         }  # fmt: skip
+        if self.args.max_num_batched_tokens and side.kind == "vllm":
+            spec["engine_args"] = {**side.engine_args,
+                                   "max_num_batched_tokens": self.args.max_num_batched_tokens}
         worker = Worker([str(self.worker), json.dumps(spec)], side.env,
                         self.work_dir / f"{side.name}.log", self.args.timeout)  # fmt: skip
         self.workers[side.name] = worker
