@@ -12,51 +12,77 @@ import types
 import pytest
 from vllm.exceptions import VLLMNotFoundError
 
+from vllm_npu_ext import compat
 from vllm_npu_ext.entrypoints.middleware import (
     MAX_INPUTS,
     SHUTDOWN_MESSAGE,
     EmbeddingRequestValidator,
     GenerationRequestValidator,
+    Refusal,
     ScoringRequestValidator,
+    ServedModel,
     ShutdownGuard,
     validate_embedding_request,
     validate_scoring_request,
 )
 
+MATRYOSHKA_128 = ServedModel(name="m", embedding_size=128, matryoshka=True)
+
+
+@pytest.mark.parametrize(
+    ("payload", "message", "param"),
+    [
+        ({"input": ""}, "input must not be an empty string", "input"),
+        ({"input": ["a", ""]}, r"input\[1\] must not be an empty string", "input"),
+        ({"input": ["a"] * (MAX_INPUTS + 1)}, "at most 2048", "input"),
+    ],
+)
+@pytest.mark.parametrize("vllm_checks", [False, True], ids=["vLLM 0.23", "vLLM 0.32"])
+def test_our_own_refusals_name_the_field(payload, message, param, vllm_checks):
+    """What no vLLM version refuses: empty strings, more inputs than OpenAI allows."""
+    refusal = validate_embedding_request(payload, MATRYOSHKA_128, vllm_checks)
+    assert refusal is not None and re.search(message, refusal.message)
+    assert refusal.param == param
+
 
 @pytest.mark.parametrize(
     ("payload", "message"),
     [
-        ({"input": ""}, "input must not be an empty string"),
-        ({"input": ["a", ""]}, r"input\[1\] must not be an empty string"),
-        ({"input": ["a"] * (MAX_INPUTS + 1)}, "at most 2048"),
-        # vLLM 0.23 embeds these (0.32 answers 400 itself)
-        ({"input": [[3, -1]]}, r"input\[0\]\[1\] must be a token id >= 0, got -1"),
-        ({"input": [5, -2]}, r"input\[1\] must be a token id >= 0, got -2"),
-        ({"input": "x", "dimensions": 129}, "dimensions must be between 1 and 128"),
+        ({"input": [[3, -1, -4]]}, "Token id -4 is out of vocabulary"),
+        ({"input": [5, -2]}, "Token id -2 is out of vocabulary"),
+        ({"input": [[1], [0, -7]]}, "Token id -7 is out of vocabulary"),
+        ({"input": "x", "dimensions": 129},
+         "Model 'm' only supports dimensions in range [1, 128], got 129."),
     ],
 )
-def test_rejected_payloads(payload, message):
-    error = validate_embedding_request(payload, embedding_size=128)
-    assert error is not None and re.search(message, error)
+def test_vllm_0_23_gets_vllm_0_32s_answer_where_it_has_none(payload, message):
+    """vLLM 0.23 embeds negative token ids and returns the whole vector for `dimensions`
+    above the embedding size; 0.32 answers these with exactly this message, and there the
+    validator leaves them to vLLM."""
+    refusal = validate_embedding_request(payload, MATRYOSHKA_128, vllm_checks=False)
+    assert refusal == Refusal(message, None)
+    assert validate_embedding_request(payload, MATRYOSHKA_128, vllm_checks=True) is None
+
+
+@pytest.mark.parametrize(
+    "model",
+    [ServedModel(name="m", embedding_size=128),  # not Matryoshka: vLLM's own 400
+     ServedModel(name="m", embedding_size=128, matryoshka=True, matryoshka_dimensions=(64,)),
+     None],
+)  # fmt: skip
+def test_other_dimensions_errors_are_vllms_own(model):
+    assert validate_embedding_request({"input": "x", "dimensions": 129}, model, False) is None
 
 
 @pytest.mark.parametrize(
     "payload",
     [{"input": "x"}, {"input": ["a", "b"]}, {"input": [[1, 2]]}, {"input": 3}, [], "text",
-     {"input": ["a"] * MAX_INPUTS}],
+     {"input": ["a"] * MAX_INPUTS}, {"input": "x", "dimensions": 128},
+     {"input": "x", "dimensions": 0}, {"input": [[0, 5]]}, {"input": [[1, "a"]]}],
 )  # fmt: skip
-def test_payloads_left_to_vllm(payload):
-    assert validate_embedding_request(payload) is None
-
-
-@pytest.mark.parametrize(
-    "payload",
-    [{"input": "x", "dimensions": 128}, {"input": "x", "dimensions": 0},  # vLLM: 400 itself
-     {"input": [[0, 5]]}, {"input": [[1, "a"]]}],
-)  # fmt: skip
-def test_in_range_payloads_left_to_vllm(payload):
-    assert validate_embedding_request(payload, embedding_size=128) is None
+@pytest.mark.parametrize("vllm_checks", [False, True], ids=["vLLM 0.23", "vLLM 0.32"])
+def test_payloads_left_to_vllm(payload, vllm_checks):
+    assert validate_embedding_request(payload, MATRYOSHKA_128, vllm_checks) is None
 
 
 @pytest.mark.parametrize(
@@ -71,8 +97,8 @@ def test_in_range_payloads_left_to_vllm(payload):
     ],
 )
 def test_rejected_scoring_payloads(path, payload, message):
-    error = validate_scoring_request(path, payload)
-    assert error is not None and re.search(message, error)
+    refusal = validate_scoring_request(path, payload)
+    assert refusal is not None and re.search(message, refusal.message)
 
 
 @pytest.mark.parametrize(
@@ -87,34 +113,52 @@ def test_scoring_payloads_left_to_vllm(path, payload):
     assert validate_scoring_request(path, payload) is None
 
 
-@pytest.mark.parametrize("path", ["/rerank", "/score"])
-def test_truncation_is_refused_for_qwen3_reranker_only(path):
-    payload = {"query": "q", "queries": "q", "documents": ["d"], "truncate_prompt_tokens": -1}
-    assert validate_scoring_request(path, payload) is None
-    error = validate_scoring_request(path, payload, qwen3_reranker=True)
-    assert error.startswith("truncate_prompt_tokens") and "max_tokens_per_doc" in error
-    del payload["truncate_prompt_tokens"]
-    assert validate_scoring_request(path, payload, qwen3_reranker=True) is None
+class _Tokenizer:
+    """One token per character; the prompt is the template with the pair substituted."""
+
+    def apply_chat_template(self, messages, chat_template, tokenize, **kwargs):
+        query, document = (m["content"] for m in messages)
+        return chat_template.replace("Q", query).replace("D", document)
+
+    def __call__(self, text, add_special_tokens=False, return_offsets_mapping=False):
+        encoded = {"input_ids": list(range(len(text)))}
+        if return_offsets_mapping:
+            encoded["offset_mapping"] = [(i, i + 1) for i in range(len(text))]
+        return encoded
 
 
-def _scoring_app(qwen3_reranker: bool):
+def _scoring_app(qwen3_reranker: bool, template: str = "<Q|D>"):
     hf_config = types.SimpleNamespace(is_original_qwen3_reranker=qwen3_reranker)
-    model_config = types.SimpleNamespace(hf_config=hf_config)
-    state = types.SimpleNamespace(vllm_config=types.SimpleNamespace(model_config=model_config))
+    model_config = types.SimpleNamespace(hf_config=hf_config, max_model_len=64)
+    renderer = types.SimpleNamespace(get_tokenizer=_Tokenizer)
+    state = types.SimpleNamespace(vllm_config=types.SimpleNamespace(model_config=model_config),
+                                  args=types.SimpleNamespace(chat_template=template),
+                                  engine_client=types.SimpleNamespace(renderer=renderer))
     return types.SimpleNamespace(state=state)
 
 
 @pytest.mark.parametrize("qwen3_reranker", [False, True])
-def test_scoring_middleware_reads_the_model_from_the_app(qwen3_reranker):
-    body = json.dumps({"query": "q", "documents": ["d"], "truncate_prompt_tokens": 5}).encode()
-    app = _scoring_app(qwen3_reranker)
-    seen, sent = _call("/rerank", body, validator=ScoringRequestValidator, app=app)
-    assert sent[0]["status"] == (400 if qwen3_reranker else 200)
-    if qwen3_reranker:
-        error = json.loads(sent[1]["body"])["error"]
-        assert error["param"] == "truncate_prompt_tokens" and "body" not in seen
+def test_scoring_middleware_cuts_qwen3_reranker_documents(qwen3_reranker):
+    """For Qwen3-Reranker the document is cut so that the prompt fits; other models get
+    vLLM's own truncation (the body passes unchanged)."""
+    payload = {"query": "qq", "documents": ["abcdefgh"], "truncate_prompt_tokens": 8}
+    body = json.dumps(payload).encode()
+    seen, sent = _call("/rerank", body, validator=ScoringRequestValidator,
+                       app=_scoring_app(qwen3_reranker))  # fmt: skip
+    assert sent[0]["status"] == 200
+    if qwen3_reranker:  # "<qq|" + 3 characters + ">" = 8 tokens
+        assert json.loads(seen["body"]) == {"query": "qq", "documents": ["abc"]}
     else:
         assert seen["body"] == body
+
+
+def test_scoring_middleware_answers_a_limit_that_leaves_no_room():
+    body = json.dumps({"query": "q" * 10, "documents": ["d"], "truncate_prompt_tokens": 8})
+    seen, sent = _call("/rerank", body.encode(), validator=ScoringRequestValidator,
+                       app=_scoring_app(True))  # fmt: skip
+    error = json.loads(sent[1]["body"])["error"]
+    assert sent[0]["status"] == 400 and "body" not in seen
+    assert error["param"] == "truncate_prompt_tokens" and "no room" in error["message"]
 
 
 def _call(path: str, body: bytes, method: str = "POST", validator=EmbeddingRequestValidator,
@@ -139,18 +183,22 @@ def _call(path: str, body: bytes, method: str = "POST", validator=EmbeddingReque
 
 @pytest.mark.parametrize(
     ("model_config", "status"),
-    [({"embedding_size": 64, "hf_config": types.SimpleNamespace(hidden_size=256)}, 400),  # 0.32
-     ({"hf_config": types.SimpleNamespace(hidden_size=64)}, 400),  # 0.23: the hidden size
-     ({"hf_config": types.SimpleNamespace(hidden_size=256)}, 200), ({}, 200)],
+    [({"embedding_size": 64, "is_matryoshka": True}, 400),  # vLLM 0.32's ModelConfig
+     ({"hf_config": types.SimpleNamespace(hidden_size=64), "is_matryoshka": True}, 400),  # 0.23
+     ({"hf_config": types.SimpleNamespace(hidden_size=256), "is_matryoshka": True}, 200),
+     ({"embedding_size": 64, "is_matryoshka": False}, 200), ({}, 200)],
 )  # fmt: skip
-def test_dimensions_bounded_by_the_served_model(model_config, status):
+def test_dimensions_bounded_by_the_served_model_on_vllm_0_23(model_config, status, monkeypatch):
+    monkeypatch.setattr(compat, "rejects_negative_token_ids", lambda: False)
     config = types.SimpleNamespace(model_config=types.SimpleNamespace(**model_config))
     app = types.SimpleNamespace(state=types.SimpleNamespace(vllm_config=config))
     body = json.dumps({"input": "x", "dimensions": 100}).encode()
     seen, sent = _call("/v1/embeddings", body, app=app)
     assert sent[0]["status"] == status
     if status == 400:
-        assert json.loads(sent[1]["body"])["error"]["param"] == "dimensions"
+        assert json.loads(sent[1]["body"])["error"] == {
+            "message": "Model 'model' only supports dimensions in range [1, 64], got 100.",
+            "type": "BadRequestError", "param": None, "code": 400}
 
 
 def _raising_app(exc: Exception, after_start: bool = False):

@@ -1,7 +1,9 @@
 """TEI's API on the servers the suite already runs (`vllm-npu-ext serve`, embedding and
 reranker): the same numbers as vLLM's OpenAI and rerank routes, TEI's response and error
-shapes, and the real TEI clients (huggingface_hub's InferenceClient, LlamaIndex's
-TextEmbeddingsInference) unchanged against it.
+shapes checked against TEI v1.9.3's OpenAPI document (support/tei_openapi.py), TEI 1.9's
+defaults (auto-truncate on), and the real TEI clients (huggingface_hub's InferenceClient,
+LlamaIndex's TextEmbeddingsInference) unchanged against it. The server options (TEI limits,
+`--auto-truncate false`, `--api-key`) are tests/entrypoints/test_plain_vllm_serve.py's.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import httpx
 import pytest
 import torch
 from support.loadgen import embed_batch, served_model
+from support.tei_openapi import validate
 
 from vllm_npu_ext.tiny_model import QWEN3_EMBEDDING_ST_CONFIG
 
@@ -32,11 +35,13 @@ def _openai(server, texts, **extra):
     return torch.tensor(embed_batch(server.base_url, served_model(server.base_url), texts, **extra))
 
 
-def _assert_tei_error(response: httpx.Response, status: int, kind: str, needle: str) -> None:
+def _assert_tei_error(response: httpx.Response, status: int, kind: str, needle: str,
+                      path: str = "/embed") -> None:  # fmt: skip
     assert response.status_code == status, response.text
     body = response.json()
     assert set(body) == {"error", "error_type"}, body
     assert body["error_type"] == kind and needle in body["error"], body
+    validate(path if path != "/" else "/embed", status, body)
 
 
 @pytest.fixture(scope="module")
@@ -120,13 +125,18 @@ def test_tokenize_and_decode_use_the_servers_tokenizer(embedding_server, embeddi
 
 
 def test_info_describes_the_served_model(embedding_server, reranker_server, embedding_model):
+    """Valid against TEI's OpenAPI document (every field it requires, integers where it says
+    so) and the server's real values: TEI's defaults for its router options."""
     info = httpx.get(embedding_server.base_url + "/info", timeout=10).json()
+    validate("/info", 200, info, method="get")
     assert info["model_type"] == {"embedding": {"pooling": "last_token"}}
     assert info["served_model_name"] == embedding_model
     assert info["model_dtype"] == "float32" and info["max_input_length"] == 128
     assert info["max_client_batch_size"] == 32 and info["max_batch_requests"] > 0
-    assert info["max_concurrent_requests"] is None  # vLLM has no such limit
+    assert info["max_concurrent_requests"] == 512 and info["auto_truncate"] is True
+    assert info["tokenization_workers"] == 1  # vLLM's one API server process tokenizes
     rerank_info = httpx.get(reranker_server.base_url + "/info", timeout=10).json()
+    validate("/info", 200, rerank_info, method="get")
     assert set(rerank_info["model_type"]) == {"reranker"}
 
 
@@ -151,19 +161,32 @@ def test_rerank_equals_vllms_rerank(reranker_server):
         assert "text" not in rank
 
 
-def test_rerank_truncate_cuts_documents_to_fit(reranker_server):
-    texts = [LONG_TEXT, "short"]
-    too_long = _post(reranker_server, "/rerank", {"query": "q", "texts": texts})
-    _assert_tei_error(too_long, 422, "Validation", "maximum context length")
-    fitted = _post(reranker_server, "/rerank", {"query": "q", "texts": texts, "truncate": True})
-    assert fitted.status_code == 200 and {r["index"] for r in fitted.json()} == {0, 1}
+@pytest.mark.parametrize("direction", ["right", "left"])
+def test_rerank_truncates_documents_by_default_from_the_side_asked(reranker_server, direction):
+    """TEI 1.9 truncates unless told not to; the document is cut (its start kept, or its end
+    for `truncation_direction` left), the query and template stay whole, and the score is
+    vLLM's for the cut the scoring validator makes (tests/reranker/test_server.py proves
+    that cut against the model card)."""
+    texts = [LONG_TEXT * 2, "short"]
+    refused = _post(reranker_server, "/rerank", {"query": "q", "texts": texts, "truncate": False})
+    _assert_tei_error(refused, 422, "Validation", "maximum context length", "/rerank")
+    fitted = _post(reranker_server, "/rerank", {"query": "q", "texts": texts,
+                                                "truncation_direction": direction})  # fmt: skip
+    assert fitted.status_code == 200, fitted.text
+    validate("/rerank", 200, fitted.json())
+    vllm = _post(reranker_server, "/rerank", {
+        "model": reranker_server.model, "query": "q", "documents": texts,
+        "truncate_prompt_tokens": -1, "truncation_side": direction}).json()["results"]  # fmt: skip
+    by_index = {r["index"]: r["relevance_score"] for r in vllm}
+    assert {r["index"]: r["score"] for r in fitted.json()} == pytest.approx(by_index, rel=2**-20)
 
 
 BAD_TEI_REQUESTS = [
     ("/embed", {"inputs": ""}, 400, "Empty", "cannot be empty"),
     ("/embed", {"inputs": []}, 400, "Empty", "cannot be empty"),
-    ("/embed", {"inputs": ["a"] * 33}, 413, "Validation", "batch size 33"),
-    ("/embed", {"inputs": LONG_TEXT}, 422, "Validation", "maximum context length"),
+    ("/embed", {"inputs": ["a"] * 33}, 422, "Validation", "batch size 33"),  # TEI 1.9's router
+    ("/embed", {"inputs": LONG_TEXT, "truncate": False}, 422, "Validation",
+     "maximum context length"),
     ("/embed", {"inputs": "a", "prompt_name": "nope"}, 422, "Validation", "Available prompts"),
     ("/embed", {"inputs": "a", "dimensions": 0}, 422, "Validation", "dimensions"),
     ("/embed", {"inputs": "a", "dimensions": 100000}, 422, "Validation", "dimensions"),
@@ -179,14 +202,19 @@ BAD_TEI_REQUESTS = [
     ("/tokenize", {"inputs": []}, 400, "Empty", "cannot be empty"),
     ("/decode", {"ids": []}, 400, "Empty", "cannot be empty"),
     ("/decode", {"ids": [1, 10**9]}, 422, "Tokenizer", "token id"),
-    ("/rerank", {"query": "a", "texts": ["b"]}, 424, "Backend", "not a re-ranker"),
+    ("/rerank", {"query": "a", "texts": ["b"]}, 424, "Backend",
+     "Backend error: model is not a re-ranker model"),
+    ("/predict", {"inputs": "a"}, 424, "Backend", "Backend error: Model is not a classifier model"),
+    ("/embed_sparse", {"inputs": "a"}, 424, "Backend",
+     "Backend error: Model is not an embedding model with SPLADE pooling"),
+    ("/embed_all", {"inputs": []}, 400, "Empty", "cannot be empty"),
 ]
 
 
 @pytest.mark.parametrize(("path", "body", "status", "kind", "needle"), BAD_TEI_REQUESTS,
                          ids=[f"{r[0]}-{r[2]}-{r[4]}" for r in BAD_TEI_REQUESTS])  # fmt: skip
 def test_bad_tei_requests_get_teis_errors(embedding_server, path, body, status, kind, needle):
-    _assert_tei_error(_post(embedding_server, path, body), status, kind, needle)
+    _assert_tei_error(_post(embedding_server, path, body), status, kind, needle, path)
 
 
 def test_bad_tei_requests_leave_the_servers_serving(embedding_server, reranker_server):
@@ -194,7 +222,7 @@ def test_bad_tei_requests_leave_the_servers_serving(embedding_server, reranker_s
                            headers={"content-type": "application/json"})  # fmt: skip
     _assert_tei_error(malformed, 422, "Validation", "not valid JSON")
     _assert_tei_error(_post(reranker_server, "/embed", {"inputs": "a"}), 424, "Backend",
-                      "not an embedding model")  # fmt: skip
+                      "Backend error: Model is not an embedding model")  # fmt: skip
     _assert_tei_error(_post(reranker_server, "/rerank", {"query": "a", "texts": []}), 400,
                       "Empty", "`texts` cannot be empty")  # fmt: skip
     assert _post(embedding_server, "/embed", {"inputs": TEXTS}).status_code == 200
@@ -237,3 +265,80 @@ def test_embed_on_the_emulated_npu_path_equals_v1_embeddings(emulated_embedding_
     tei = torch.tensor(_post(emulated_embedding_server, "/embed", {"inputs": TEXTS}).json())
     torch.testing.assert_close(tei, _openai(emulated_embedding_server, TEXTS), rtol=0,
                                atol=SAME_ENGINE_ATOL)  # fmt: skip
+
+
+def test_embed_truncates_long_inputs_by_default(embedding_server):
+    """TEI 1.9's `--auto-truncate` default: no `truncate` field, the input is cut to the
+    model's length from its end (`truncation_direction` left: from its start)."""
+    for direction in ("right", "left"):
+        cut = _post(embedding_server, "/embed", {"inputs": LONG_TEXT,
+                                                 "truncation_direction": direction})  # fmt: skip
+        assert cut.status_code == 200, cut.text
+        expected = _openai(embedding_server, [LONG_TEXT], truncate_prompt_tokens=-1,
+                           truncation_side=direction)  # fmt: skip
+        torch.testing.assert_close(torch.tensor(cut.json()), expected, rtol=0,
+                                   atol=SAME_ENGINE_ATOL)  # fmt: skip
+
+
+def test_embed_all_returns_every_tokens_hidden_state(embedding_server, tiny_model_dir):
+    """vLLM's token-embedding pooling: one unnormalised vector per prompt token (EOS
+    included), whose last row is what /embed normalises (last-token pooling)."""
+    response = _post(embedding_server, "/embed_all", {"inputs": TEXTS[:2]})
+    assert response.status_code == 200, response.text
+    validate("/embed_all", 200, response.json())
+    tokens = _post(embedding_server, "/tokenize", {"inputs": TEXTS[:2]}).json()
+    pooled = _openai(embedding_server, TEXTS[:2])
+    for per_token, ids, vector in zip(response.json(), tokens, pooled, strict=True):
+        per_token = torch.tensor(per_token)
+        assert per_token.shape == (len(ids), pooled.shape[1])
+        last = torch.nn.functional.normalize(per_token[-1], dim=0)
+        torch.testing.assert_close(last, vector, rtol=0, atol=1e-5)
+    assert int(response.headers["x-compute-tokens"]) == sum(len(ids) for ids in tokens)
+    cut = torch.tensor(_post(embedding_server, "/embed_all", {"inputs": LONG_TEXT}).json()[0])
+    assert cut.shape[0] == 128  # TEI's default auto-truncate, to --max-model-len
+    torch.testing.assert_close(torch.nn.functional.normalize(cut[-1], dim=0),
+                               _openai(embedding_server, [LONG_TEXT], truncate_prompt_tokens=-1)[0],
+                               rtol=0, atol=1e-5)  # fmt: skip
+
+
+def test_tei_answers_carry_timing_headers_and_match_the_document(embedding_server):
+    response = _post(embedding_server, "/embed", {"inputs": TEXTS})
+    validate("/embed", 200, response.json())
+    headers = response.headers
+    assert int(headers["x-compute-characters"]) == sum(len(t) for t in TEXTS)
+    tokens = _post(embedding_server, "/tokenize", {"inputs": TEXTS}).json()
+    assert int(headers["x-compute-tokens"]) == sum(len(row) for row in tokens)
+    assert int(headers["x-total-time"]) >= 0 and headers["x-compute-type"] == "cpu"
+    for path, body in (("/similarity", {"inputs": {"source_sentence": "a", "sentences": ["b"]}}),
+                       ("/tokenize", {"inputs": "a"}), ("/decode", {"ids": [1, 2]})):
+        validate(path, 200, _post(embedding_server, path, body).json())
+
+
+def test_openai_route_alias_and_invocations(embedding_server, embedding_model):
+    """TEI's `/embeddings` is its OpenAI route (vLLM's /v1/embeddings here); `/invocations`
+    embeds on an embedding model, as TEI routes it."""
+    alias = _post(embedding_server, "/embeddings", {"model": embedding_model, "input": TEXTS})
+    assert alias.status_code == 200, alias.text
+    vectors = torch.tensor([d["embedding"] for d in alias.json()["data"]])
+    torch.testing.assert_close(vectors, _openai(embedding_server, TEXTS), rtol=0,
+                               atol=SAME_ENGINE_ATOL)  # fmt: skip
+    invoked = torch.tensor(_post(embedding_server, "/invocations", {"inputs": TEXTS}).json())
+    torch.testing.assert_close(invoked, vectors, rtol=0, atol=SAME_ENGINE_ATOL)
+    assert httpx.get(embedding_server.base_url + "/ping", timeout=10).status_code == 200
+
+
+def test_predict_scores_pairs_on_the_reranker(reranker_server):
+    texts = ["Paris is the capital of France.", "cats and dogs"]
+    query = "What is the capital of France?"
+    pairs = [[query, text] for text in texts]
+    predicted = _post(reranker_server, "/predict", {"inputs": pairs})
+    assert predicted.status_code == 200, predicted.text
+    validate("/predict", 200, predicted.json())
+    ranks = _post(reranker_server, "/rerank", {"query": query, "texts": texts}).json()
+    by_index = {r["index"]: r["score"] for r in ranks}
+    scores = [rows[0]["score"] for rows in predicted.json()]
+    assert scores == pytest.approx([by_index[0], by_index[1]], rel=2**-20, abs=0)
+    single = _post(reranker_server, "/predict", {"inputs": pairs[0]}).json()
+    assert single[0]["score"] == pytest.approx(by_index[0], rel=2**-20, abs=0)
+    invoked = _post(reranker_server, "/invocations", {"query": query, "texts": texts}).json()
+    assert {r["index"]: r["score"] for r in invoked} == pytest.approx(by_index, rel=2**-20)

@@ -123,8 +123,11 @@ BAD_REQUESTS = {
     "query list": ("/rerank", {"query": ["q"], "documents": ["a"]}),
     "negative top_n": ("/rerank", {"query": "q", "documents": ["a"], "top_n": -1}),
     "pair longer than max-model-len": ("/rerank", {"query": "q", "documents": ["a", TOO_LONG]}),
-    "truncation cutting the prompt": (
-        "/rerank", {"query": "q", "documents": ["a"], "truncate_prompt_tokens": 100}
+    "truncation above max-model-len": (
+        "/rerank", {"query": "q", "documents": ["a"], "truncate_prompt_tokens": 10_000}
+    ),
+    "truncation leaving no room for the document": (
+        "/rerank", {"query": QUERY * 3, "documents": ["a"], "truncate_prompt_tokens": 20}
     ),
     "score: empty query": ("/score", {"queries": "", "documents": ["a"]}),
     "score: empty documents": ("/v1/score", {"queries": "q", "documents": []}),
@@ -157,6 +160,59 @@ def test_max_tokens_per_doc_keeps_the_prompt_whole(reranker_server):
     kept = TOO_LONG[: min(offsets[99][1], offsets[100][0])]
     expected = oracle(reranker_server, QUERY, [kept])[0]
     assert abs(response.json()["results"][0]["relevance_score"] - expected) <= MAX_SCORE_DIFF
+
+
+def _kept_by_prompt_limit(model_dir, query: str, document: str, limit: int, side: str) -> str:
+    """The longest start (side "right") or end ("left") of `document`, cut at a token
+    boundary of its text, whose model-card prompt has at most `limit` tokens: found by
+    scanning every cut, independently of the package's fitting loop."""
+    from support.rerank_oracle import model_card_prompt
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    offsets = tokenizer(document, add_special_tokens=False,
+                        return_offsets_mapping=True)["offset_mapping"]  # fmt: skip
+    for keep in range(len(offsets), 0, -1):
+        cut = document[: offsets[keep - 1][1]] if side == "right" else \
+            document[offsets[len(offsets) - keep][0]:]  # fmt: skip
+        if len(tokenizer(model_card_prompt(query, cut))["input_ids"]) <= limit:
+            return cut
+    raise AssertionError("no cut fits")
+
+
+LONG_DOCUMENT = " ".join(word_texts(1, 7, 700, 700)[0].split()[:700])
+
+
+@pytest.mark.parametrize(("path", "side", "limit"),
+                         [("/rerank", "right", 120), ("/rerank", "left", 120),
+                          ("/score", "right", 97), ("/v1/rerank", "right", -1)])  # fmt: skip
+def test_truncate_prompt_tokens_cuts_the_document_and_keeps_the_prompt(reranker_server, path,
+                                                                       side, limit):  # fmt: skip
+    """Qwen3-Reranker with `truncate_prompt_tokens`: the document is cut (its start kept, or
+    its end with truncation_side "left") so that the whole prompt, template and query
+    included, fits the limit (-1: --max-model-len); the score is the model card's on the
+    kept text."""
+    from support.rerank_servers import MAX_MODEL_LEN
+
+    tokens = MAX_MODEL_LEN if limit == -1 else limit
+    extra = {"truncate_prompt_tokens": limit, "truncation_side": side}
+    body = ({"queries": QUERY, "documents": [LONG_DOCUMENT, "short"], **extra}
+            if path.endswith("score") else
+            {"query": QUERY, "documents": [LONG_DOCUMENT, "short"], **extra})  # fmt: skip
+    response = post(reranker_server, path, body)
+    assert response.status_code == 200, response.text
+    kept = _kept_by_prompt_limit(reranker_server.model_dir, QUERY, LONG_DOCUMENT, tokens, side)
+    assert 0 < len(kept) < len(LONG_DOCUMENT)
+    expected = oracle(reranker_server, QUERY, [kept, "short"])
+    got = rerank_scores(reranker_server, QUERY, [kept, "short"], path)
+    answer = response.json()
+    scores = ([d["score"] for d in sorted(answer["data"], key=lambda d: d["index"])]
+              if path.endswith("score") else
+              [r["relevance_score"] for r in sorted(answer["results"],
+                                                    key=lambda r: r["index"])])  # fmt: skip
+    assert max_diff(scores, expected) <= MAX_SCORE_DIFF
+    assert max_diff(scores, got) <= SAME_PAIR_DIFF
+    assert answer["usage"]["prompt_tokens"] <= 2 * tokens
 
 
 def test_malformed_json_gets_400(reranker_server):

@@ -8,30 +8,35 @@ EOS token and return a meaningless vector) and batches larger than the API allow
 
 `ScoringRequestValidator` does the same for `/rerank` and `/score` (and their `/v1`, `/v2`
 aliases). vLLM answers 400 for an empty document list, non-string documents and a pair
-longer than the model length; it accepts an empty query, a negative `top_n` in vLLM 0.23
-(read as "every document"; 0.32 answers 400 itself), and, for Qwen3-Reranker,
-`truncate_prompt_tokens`, which cuts the templated prompt from its end: the assistant turn
-after which the score is read, so every truncated pair gets a wrong score.
+longer than the model length; it accepts an empty query and a negative `top_n` in vLLM 0.23
+(read as "every document"; 0.32 answers 400 itself). For Qwen3-Reranker it applies
+`truncate_prompt_tokens` to the document, so that the template and the query stay whole
+(`rerank_truncation.py`; vLLM would cut the templated prompt's end, the assistant turn after
+which the score is read).
 
-Every message starts with the name of the offending request field, which becomes the error's
-`param`.
+Our own checks' messages start with the name of the offending request field, which becomes
+the error's `param`. What vLLM 0.32 answers itself these validators leave to vLLM; where vLLM
+0.23 does not answer (it embeds negative token ids, and returns the whole vector for a
+`dimensions` above the embedding size), they answer with vLLM 0.32's status and message
+("Token id -1 is out of vocabulary"; "Model 'm' only supports dimensions in range [1, 64],
+got 100."), in vLLM's own error response.
 
 vLLM 0.23 also lets the exceptions of its input checks (an empty input list, a token id past
 the vocabulary, `dimensions` below 1, an unknown model) reach its catch-all exception handler,
 which answers 400 (404) but re-raises, so uvicorn logs "Exception in ASGI application" and a
 traceback for each bad request and closes its connection; 0.32 answers them without one.
-0.23 accepts negative token ids (0.32 answers 400) and a `dimensions` above the embedding size
-(it returns the whole vector; 0.32 answers 400). The validators check those two, and answer
-an exception that vLLM raises for one of their requests, when vLLM's own error response for it
-is a client error (a `ValueError` is a 400, an unknown model a 404), with that response,
-without the traceback (tested on both versions: tests/test_server.py, tests/test_faults.py).
+The validators answer an exception that vLLM raises for one of their requests, when vLLM's
+own error response for it is a client error (a `ValueError` is a 400, an unknown model a
+404), with that response, without the traceback (tested on both versions:
+tests/test_server.py, tests/test_faults.py).
 
 `GenerationRequestValidator` adds no check of its own to `/v1/completions` and
 `/v1/chat/completions`: it answers the client errors vLLM 0.23 raises past its handler there
 (a token id past the vocabulary: "Exception in ASGI application" and a traceback, seen on a
 generation server under vllm-ascend) as the other validators do.
 
-`ShutdownGuard` ends requests that are in flight when the engine stops. vLLM's server stops
+`ShutdownGuard` (`shutdown.py`, importable from here too) ends requests that are in flight
+when the engine stops. vLLM's server stops
 its engine before its HTTP server; a request whose engine output never came (the output
 task was cancelled before it saw the engine die) would wait for ever, and the HTTP server
 waits for every open request before it exits, so one such request kept a SIGTERMed server
@@ -40,13 +45,17 @@ alive until its client gave up. The guard answers those requests with a 503 inst
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from vllm_npu_ext import compat
+from vllm_npu_ext.entrypoints import asgi, rerank_truncation
+from vllm_npu_ext.entrypoints.shutdown import SHUTDOWN_MESSAGE, ShutdownGuard
 from vllm_npu_ext.logger import get_logger
+
+__all__ = ["SHUTDOWN_MESSAGE", "EmbeddingRequestValidator", "GenerationRequestValidator",
+           "ScoringRequestValidator", "ShutdownGuard"]
 
 EMBEDDING_PATHS = frozenset({"/v1/embeddings"})
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
@@ -57,44 +66,83 @@ SCORE_PATHS = frozenset({"/score", "/v1/score"})
 SCORE_QUERY_FIELDS = ("queries", "data_1", "text_1")
 
 
-def validate_embedding_request(payload: Any, embedding_size: int | None = None) -> str | None:
-    """An error message for a decoded request body, or None when it may go on to vLLM.
+@dataclass(frozen=True)
+class Refusal:
+    """A 400 for a request: its message and the field it names (None: vLLM's own wording)."""
+
+    message: str
+    param: str | None
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """What the validators read about the served model (from the app's ModelConfig)."""
+
+    name: str = "model"
+    embedding_size: int | None = None
+    matryoshka: bool = False
+    matryoshka_dimensions: tuple[int, ...] | None = None
+    qwen3_reranker: bool = False
+    max_model_len: int | None = None
+
+
+def validate_embedding_request(payload: Any, model: ServedModel | None = None,
+                               vllm_checks: bool | None = None) -> Refusal | None:  # fmt: skip
+    """Why a decoded `/v1/embeddings` body is refused, or None when it may go on to vLLM.
 
     Only what vLLM would accept wrongly is checked; malformed requests are left to vLLM's
-    own schema validation, which names the offending field. `embedding_size`: the served
-    model's, the largest valid `dimensions` (unchecked when None).
+    own schema validation, which names the offending field. `vllm_checks`: whether this
+    vLLM answers negative token ids and `dimensions` out of range itself (0.32; default: the
+    installed version's, `compat`).
     """
     if not isinstance(payload, dict):
         return None
-    dimensions = payload.get("dimensions")
-    if _is_int(dimensions) and embedding_size is not None and dimensions > embedding_size:
-        size = embedding_size
-        return f"dimensions must be between 1 and {size} (the embedding size), got {dimensions}"
+    if vllm_checks is None:
+        vllm_checks = compat.rejects_negative_token_ids()
     inputs = payload.get("input")
-    if isinstance(inputs, str):
-        return "input must not be an empty string" if inputs == "" else None
-    if not isinstance(inputs, list):
-        return None
-    if len(inputs) > MAX_INPUTS:
-        return f"input holds {len(inputs)} items; at most {MAX_INPUTS} are allowed per request"
-    for index, item in enumerate(inputs):
+    if inputs == "":
+        return _ours("input must not be an empty string")
+    if isinstance(inputs, list) and len(inputs) > MAX_INPUTS:
+        return _ours(f"input holds {len(inputs)} items; at most {MAX_INPUTS} are allowed per "
+                     "request")  # fmt: skip
+    for index, item in enumerate(inputs if isinstance(inputs, list) else []):
         if item == "":
-            return f"input[{index}] must not be an empty string"
-        if _is_int(item) and item < 0:
-            return f"input[{index}] must be a token id >= 0, got {item}"
-        if isinstance(item, list):
-            negative = next((i for i, v in enumerate(item) if _is_int(v) and v < 0), None)
-            if negative is not None:
-                return f"input[{index}][{negative}] must be a token id >= 0, got {item[negative]}"
+            return _ours(f"input[{index}] must not be an empty string")
+    if vllm_checks:
+        return None
+    return _negative_token_id(inputs) or _dimensions_out_of_range(payload, model)
+
+
+def _ours(message: str) -> Refusal:
+    return Refusal(message, message.split(" ", 1)[0].split("[", 1)[0])
+
+
+def _negative_token_id(inputs: Any) -> Refusal | None:
+    """vLLM 0.32's answer to a prompt holding a negative token id (`validate_token_ids`,
+    per prompt, its smallest id)."""
+    prompts = [inputs] if _is_ids(inputs) else [i for i in inputs if _is_ids(i)] \
+        if isinstance(inputs, list) else []  # fmt: skip
+    for ids in prompts:
+        if ids and min(ids) < 0:
+            return Refusal(f"Token id {min(ids)} is out of vocabulary", None)
     return None
 
 
-def validate_scoring_request(path: str, payload: Any, qwen3_reranker: bool = False) -> str | None:
-    """An error message for a decoded rerank/score request body, or None.
+def _dimensions_out_of_range(payload: dict, model: ServedModel | None) -> Refusal | None:
+    """vLLM 0.32's answer to `dimensions` above the embedding size of a Matryoshka model
+    without listed dimensions (`PoolingParams._set_default_parameters`); 0.23 returns the
+    whole vector. Everything else about `dimensions` 0.23 answers itself."""
+    dimensions = payload.get("dimensions")
+    if model is None or not _is_int(dimensions) or model.embedding_size is None:
+        return None
+    if not model.matryoshka or model.matryoshka_dimensions or dimensions <= model.embedding_size:
+        return None
+    return Refusal(f"Model {model.name!r} only supports dimensions in range "
+                   f"[1, {model.embedding_size}], got {dimensions}.", None)  # fmt: skip
 
-    `qwen3_reranker`: the server runs Qwen3-Reranker (`is_original_qwen3_reranker`), whose
-    prompt must not be truncated from its end.
-    """
+
+def validate_scoring_request(path: str, payload: Any) -> Refusal | None:
+    """Why a decoded rerank/score request body is refused, or None."""
     if not isinstance(payload, dict):
         return None
     if path in RERANK_PATHS:
@@ -105,13 +153,7 @@ def validate_scoring_request(path: str, payload: Any, qwen3_reranker: bool = Fal
     else:
         fields = [name for name in SCORE_QUERY_FIELDS if name in payload]
         error = next(filter(None, (_empty_string_error(f, payload[f]) for f in fields)), None)
-    if error is None and qwen3_reranker and payload.get("truncate_prompt_tokens") is not None:
-        error = (
-            "truncate_prompt_tokens is not supported for Qwen3-Reranker: it cuts the end of "
-            "the templated prompt, after which the score is read; limit documents with "
-            "max_tokens_per_doc (and queries with max_tokens_per_query) instead"
-        )
-    return error
+    return None if error is None else _ours(error)
 
 
 def _empty_string_error(name: str, value: Any) -> str | None:
@@ -128,33 +170,49 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _is_ids(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(_is_int(v) for v in value)
+
+
 class _RequestValidator:
     """ASGI middleware: a 400 with an OpenAI-style error body for POSTs to `paths` whose
-    JSON body `error_for` rejects; everything else passes through untouched."""
+    JSON body `refusal` refuses; a body `rewritten` changes goes on changed; everything else
+    passes through untouched."""
 
     paths: frozenset[str] = frozenset()
 
     def __init__(self, app) -> None:
         self.app = app
 
-    def error_for(self, scope, payload: Any) -> str | None:
+    def refusal(self, scope, payload: Any) -> Refusal | None:
         raise NotImplementedError
+
+    def rewritten(self, scope, payload: Any) -> Any:
+        """A replacement body for vLLM, or None to pass the request on as it came."""
+        return None
 
     async def __call__(self, scope, receive, send) -> None:
         if scope.get("type") != "http" or scope.get("method") != "POST":
             return await self.app(scope, receive, send)
         if scope.get("path") not in self.paths:
             return await self.app(scope, receive, send)
-        body, disconnected = await _read_body(receive)
+        body, disconnected = await asgi.read_body(receive)
         if disconnected:
             return None  # the client left; nothing to answer
         try:
-            error = self.error_for(scope, json.loads(body))
+            payload = json.loads(body)
         except (UnicodeDecodeError, json.JSONDecodeError):
-            error = None  # vLLM reports malformed JSON itself
-        if error is not None:
-            param = error.split(" ", 1)[0].split("[", 1)[0]
-            return await _send_error(send, error, param=param)
+            payload = None  # vLLM reports malformed JSON itself
+        try:
+            refusal = self.refusal(scope, payload)
+            replacement = None if refusal else self.rewritten(scope, payload)
+        except ValueError as error:
+            refusal = Refusal(str(error), _ours(str(error)).param)
+        if refusal is not None:
+            return await asgi.send_error(send, refusal.message, param=refusal.param)
+        if replacement is not None:
+            body = json.dumps(replacement).encode()
+            scope = {**scope, "headers": _with_length(scope.get("headers") or [], len(body))}
         started = False
 
         async def tracked_send(message) -> None:
@@ -163,7 +221,7 @@ class _RequestValidator:
             await send(message)
 
         try:
-            return await self.app(scope, _replay(body, receive), tracked_send)
+            return await self.app(scope, asgi.replay(body, receive), tracked_send)
         except Exception as exc:
             # vLLM 0.23's catch-all handler would answer this and re-raise it: a traceback in
             # the log per bad request, and uvicorn drops the connection, so the client's next
@@ -174,7 +232,7 @@ class _RequestValidator:
             get_logger(__name__).info("%s %s: %d (%s: %s)", scope.get("method"),
                                       scope.get("path"), error.error.code, type(exc).__name__,
                                       exc)  # fmt: skip
-            return await _send_json(send, error.model_dump(), error.error.code)
+            return await asgi.send_json(send, error.model_dump(), error.error.code)
 
 
 class EmbeddingRequestValidator(_RequestValidator):
@@ -182,17 +240,27 @@ class EmbeddingRequestValidator(_RequestValidator):
 
     paths = EMBEDDING_PATHS
 
-    def error_for(self, scope, payload: Any) -> str | None:
-        return validate_embedding_request(payload, _embedding_size(scope))
+    def refusal(self, scope, payload: Any) -> Refusal | None:
+        return validate_embedding_request(payload, served_model(scope))
 
 
 class ScoringRequestValidator(_RequestValidator):
-    """`validate_scoring_request` on the rerank and score endpoints."""
+    """`validate_scoring_request` on the rerank and score endpoints; Qwen3-Reranker's
+    `truncate_prompt_tokens` applied to the documents (`rerank_truncation.py`)."""
 
     paths = RERANK_PATHS | SCORE_PATHS
 
-    def error_for(self, scope, payload: Any) -> str | None:
-        return validate_scoring_request(scope["path"], payload, _serves_qwen3_reranker(scope))
+    def refusal(self, scope, payload: Any) -> Refusal | None:
+        return validate_scoring_request(scope["path"], payload)
+
+    def rewritten(self, scope, payload: Any) -> Any:
+        if not isinstance(payload, dict) or payload.get("truncate_prompt_tokens") is None:
+            return None
+        model = served_model(scope)
+        counter = prompt_counter(scope)
+        if not model.qwen3_reranker or counter is None or model.max_model_len is None:
+            return None
+        return rerank_truncation.truncated_body(payload, counter, model.max_model_len)
 
 
 class GenerationRequestValidator(_RequestValidator):
@@ -201,167 +269,50 @@ class GenerationRequestValidator(_RequestValidator):
 
     paths = GENERATION_PATHS
 
-    def error_for(self, scope, payload: Any) -> str | None:
+    def refusal(self, scope, payload: Any) -> Refusal | None:
         return None
+
+
+def _app_state(scope) -> Any:
+    return getattr(scope.get("app"), "state", None)
 
 
 def _model_config(scope) -> Any:
     """The app's ModelConfig, or None (vLLM 0.23 and 0.32 keep the VllmConfig in
     `app.state.vllm_config`)."""
-    state = getattr(scope.get("app"), "state", None)
-    return getattr(getattr(state, "vllm_config", None), "model_config", None)
+    return getattr(getattr(_app_state(scope), "vllm_config", None), "model_config", None)
 
 
-def _serves_qwen3_reranker(scope) -> bool:
-    """Whether the app's model is Qwen3-Reranker."""
-    hf_config = getattr(_model_config(scope), "hf_config", None)
-    return bool(getattr(hf_config, "is_original_qwen3_reranker", False))
+def served_model(scope) -> ServedModel:
+    """The served model as the validators see it (defaults where the app has no config)."""
+    config = _model_config(scope)
+    hf_config = getattr(config, "hf_config", None)
+    size = getattr(config, "embedding_size", None)  # vLLM 0.32; 0.23: the hidden size
+    size = size if _is_int(size) else getattr(hf_config, "hidden_size", None)
+    name = getattr(config, "served_model_name", None) or getattr(config, "model", None)
+    dimensions = getattr(config, "matryoshka_dimensions", None)
+    max_model_len = getattr(config, "max_model_len", None)
+    return ServedModel(
+        name=str(name or "model"),
+        embedding_size=size if _is_int(size) else None,
+        matryoshka=getattr(config, "is_matryoshka", False) is True,
+        matryoshka_dimensions=tuple(dimensions) if dimensions else None,
+        qwen3_reranker=bool(getattr(hf_config, "is_original_qwen3_reranker", False)),
+        max_model_len=max_model_len if _is_int(max_model_len) else None,
+    )
 
 
-def _embedding_size(scope) -> int | None:
-    """The served model's embedding size: `ModelConfig.embedding_size` (vLLM 0.32), else the
-    hidden size (0.23 has no such property; a Qwen3 embedding is its last hidden state)."""
-    model_config = _model_config(scope)
-    size = getattr(model_config, "embedding_size", None)
-    if size is None:
-        size = getattr(getattr(model_config, "hf_config", None), "hidden_size", None)
-    return size if _is_int(size) else None
-
-
-async def _read_body(receive) -> tuple[bytes, bool]:
-    chunks = []
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return b"", True
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            return b"".join(chunks), False
-
-
-def _replay(body: bytes, receive):
-    sent = False
-
-    async def replayed():
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replayed
-
-
-async def _send_error(
-    send,
-    message: str,
-    status: int = 400,
-    kind: str = "BadRequestError",
-    param: str | None = "input",
-) -> None:
-    error = {"message": message, "type": kind, "param": param, "code": status}
-    await _send_json(send, {"error": error}, status)
-
-
-async def _send_json(send, content: dict, status: int) -> None:
-    body = json.dumps(content).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-SHUTDOWN_MESSAGE = "the server is shutting down; the request was not completed"
-
-
-class ShutdownGuard:
-    """ASGI middleware: once the engine has stopped, no request waits for it any longer.
-
-    A request still running `grace_s` after the engine client reports `errored` (engine dead
-    or its output task stopped) is cancelled and, when nothing was sent yet, answered with
-    503 Service Unavailable; requests arriving after that get the 503 at once. Answers that
-    were already on their way get the grace period to finish. Apps without an engine client
-    (`scope["app"].state.engine_client`) are passed through untouched.
-    """
-
-    poll_s = 0.5
-    grace_s = 2.0
-    cancel_wait_s = 1.0
-
-    def __init__(self, app) -> None:
-        self.app = app
-        self._stopped: asyncio.Future | None = None  # done once the engine stopped
-        self._watcher: asyncio.Task | None = None
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope.get("type") != "http":
-            return await self.app(scope, receive, send)
-        engine = _engine_client(scope)
-        if engine is None:
-            return await self.app(scope, receive, send)
-        stopped = self._stopped_future(engine)
-        if stopped.done() or _engine_stopped(engine):
-            _set_done(stopped)
-            return await _send_unavailable(send)
-
-        started = False
-
-        async def tracked_send(message) -> None:
-            nonlocal started
-            if message.get("type") == "http.response.start":
-                started = True
-            await send(message)
-
-        request = asyncio.ensure_future(self.app(scope, receive, tracked_send))
-        try:
-            # One future shared by all requests: no extra task per request.
-            await asyncio.wait({request, stopped}, return_when=asyncio.FIRST_COMPLETED)
-            if not request.done():
-                await asyncio.wait({request}, timeout=self.grace_s)
-        except asyncio.CancelledError:
-            request.cancel()
-            raise
-        if request.done():
-            return request.result()
-        request.cancel()
-        # Cancelling makes vLLM abort the request on an engine that is gone; do not wait long
-        # (and do not let a late exception of the abandoned task be logged as unretrieved).
-        request.add_done_callback(_retrieve)
-        await asyncio.wait({request}, timeout=self.cancel_wait_s)
-        if not started:
-            await _send_unavailable(send)
+def prompt_counter(scope) -> rerank_truncation.PromptCounter | None:
+    """Token counts of the prompts the server renders (its tokenizer and chat template)."""
+    state = _app_state(scope)
+    args = getattr(state, "args", None)
+    template = rerank_truncation.template_text(getattr(args, "chat_template", None))
+    engine_client = getattr(state, "engine_client", None)
+    if template is None or engine_client is None:
         return None
-
-    def _stopped_future(self, engine) -> asyncio.Future:
-        if self._stopped is None:
-            self._stopped = asyncio.get_running_loop().create_future()
-            self._watcher = asyncio.ensure_future(self._watch(engine, self._stopped))
-        return self._stopped
-
-    async def _watch(self, engine, stopped: asyncio.Future) -> None:
-        while not _engine_stopped(engine) and not stopped.done():
-            await asyncio.sleep(self.poll_s)
-        _set_done(stopped)
+    return rerank_truncation.PromptCounter(engine_client.renderer.get_tokenizer(), template)
 
 
-def _engine_client(scope):
-    return getattr(getattr(scope.get("app"), "state", None), "engine_client", None)
-
-
-def _engine_stopped(engine) -> bool:
-    with contextlib.suppress(Exception):
-        return bool(engine.errored)
-    return False
-
-
-def _retrieve(task: asyncio.Task) -> None:
-    if not task.cancelled():
-        task.exception()
-
-
-def _set_done(future: asyncio.Future) -> None:
-    if not future.done():
-        future.set_result(None)
-
-
-async def _send_unavailable(send) -> None:
-    await _send_error(send, SHUTDOWN_MESSAGE, 503, "ServiceUnavailableError", None)
+def _with_length(headers: list, length: int) -> list:
+    kept = [(k, v) for k, v in headers if k.lower() != b"content-length"]
+    return [*kept, (b"content-length", b"%d" % length)]

@@ -7,11 +7,12 @@ type and status (`router/src/lib.rs` `ErrorType`; `router/src/http/server.rs`
 `impl From<&ErrorType> for StatusCode`). The `*_response` functions turn vLLM's answer into
 TEI's response shape. Nothing here talks to a server: `entrypoints/tei.py` does.
 
-Status codes: empty input 400 (`Empty`), validation and tokenizer errors 422, a batch larger
-than the server's client batch limit 413 (TEI's OpenAPI document lists 413 "Batch size error"
-on every route; its router returns 422 for every validation error since TEI 1.9.0 and 413
-before), backend errors 424. TEI answers 429 when its concurrent-request limit is reached;
-vLLM has no such limit (requests queue), so 429 is never sent.
+Status codes (TEI's `impl From<&ErrorType> for StatusCode`): empty input 400 (`Empty`),
+validation and tokenizer errors 422 (a batch larger than the server's client batch limit
+included: TEI's router sends 422 for it since 1.9.0, though its OpenAPI document still lists
+413 "Batch size error"), backend errors 424, `Overloaded` 429 (`tei.py` counts the inputs in
+flight), `Unhealthy` 503. Whether an input longer than the model is truncated when a request
+does not say (`truncate` unset) is the server's `auto_truncate` (TEI 1.9: on by default).
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from typing import Any
 
 # TEI's `--max-client-batch-size` default (router/src/main.rs).
 DEFAULT_MAX_CLIENT_BATCH_SIZE = 32
-STATUS = {"Empty": 400, "Validation": 422, "Tokenizer": 422, "Backend": 424, "Unhealthy": 503}
-BATCH_TOO_LARGE_STATUS = 413
+STATUS = {"Empty": 400, "Validation": 422, "Tokenizer": 422, "Backend": 424, "Overloaded": 429,
+          "Unhealthy": 503}  # fmt: skip
 TRUNCATION_DIRECTIONS = {"left": "left", "Left": "left", "right": "right", "Right": "right"}
 
 
@@ -43,12 +44,14 @@ class TeiError(Exception):
 
 @dataclass(frozen=True)
 class TeiLimits:
-    """What the server allows: TEI's `max_client_batch_size`, the model's `max_input_length`
-    and its Sentence Transformers `prompts` (None when the checkpoint configures none)."""
+    """What the server allows: TEI's `max_client_batch_size`, the model's `max_input_length`,
+    its Sentence Transformers `prompts` (None when the checkpoint configures none) and
+    whether inputs are truncated when a request does not say (`auto_truncate`)."""
 
     max_client_batch_size: int = DEFAULT_MAX_CLIENT_BATCH_SIZE
     max_input_length: int | None = None
     prompts: dict[str, str] | None = None
+    auto_truncate: bool = True
 
 
 def embed_request(payload: Any, limits: TeiLimits) -> dict[str, Any]:
@@ -66,8 +69,15 @@ def embed_request(payload: Any, limits: TeiLimits) -> dict[str, Any]:
         if not _is_int(dimensions) or dimensions < 1:
             raise TeiError(f"`dimensions` must be a positive integer, got {dimensions!r}")
         body["dimensions"] = dimensions
-    body.update(_truncation(payload))
+    body.update(_truncation(payload, limits))
     return body
+
+
+def embed_all_request(payload: Any, limits: TeiLimits) -> dict[str, Any]:
+    """`POST /embed_all` -> its inputs (the prompt applied) and truncation, as for `/embed`
+    (`normalize` and `dimensions` do not apply: TEI pools and normalises nothing here)."""
+    return embed_request({k: v for k, v in _object(payload).items()
+                          if k not in ("normalize", "dimensions")}, limits)  # fmt: skip
 
 
 def embed_response(openai_body: dict[str, Any]) -> list[list[float]]:
@@ -96,7 +106,7 @@ def similarity_request(payload: Any, limits: TeiLimits) -> dict[str, Any]:
     prompt = _prompt(parameters.get("prompt_name"), limits)
     body: dict[str, Any] = {"input": [_with_prompt(t, prompt) for t in texts]}
     body["use_activation"] = False
-    body.update(_truncation(parameters))
+    body.update(_truncation(parameters, limits))
     return body
 
 
@@ -106,12 +116,14 @@ def similarity_response(openai_body: dict[str, Any]) -> list[float]:
     return [_cosine(source, other) for other in others]
 
 
-def rerank_request(payload: Any, limits: TeiLimits) -> tuple[dict[str, Any], bool, bool]:
-    """`POST /rerank` -> (vLLM's `/rerank` body, `return_text`, `truncate`).
+def rerank_request(payload: Any, limits: TeiLimits) -> tuple[dict[str, Any], bool]:
+    """`POST /rerank` -> (vLLM's `/rerank` body, `return_text`).
 
     `raw_scores` asks for the classifier's logit instead of its sigmoid (vLLM's
-    `use_activation=False`). Truncation is decided by the caller, which knows the prompt's
-    length (`tei.py`).
+    `use_activation=False`). Truncation is vLLM's `truncate_prompt_tokens=-1` with
+    `truncation_side`, which our scoring validator applies to each document of
+    Qwen3-Reranker (its start kept, or its end for `truncation_direction` left), so the
+    template and the query stay whole (`rerank_truncation.py`).
     """
     payload = _object(payload)
     query = _string(_required(payload, "query"), "query")
@@ -126,11 +138,51 @@ def rerank_request(payload: Any, limits: TeiLimits) -> tuple[dict[str, Any], boo
     body: dict[str, Any] = {"query": query, "documents": texts, "top_n": len(texts)}
     if _bool(payload, "raw_scores", False):
         body["use_activation"] = False
-    truncate = _truncation(payload)
-    if truncate and truncate["truncation_side"] == "left":
-        raise TeiError("`truncation_direction` left is not supported on /rerank: documents are "
-                       "truncated from their end")  # fmt: skip
-    return body, _bool(payload, "return_text", False), bool(truncate)
+    body.update(_truncation(payload, limits))
+    return body, _bool(payload, "return_text", False)
+
+
+def predict_request(payload: Any, limits: TeiLimits) -> tuple[list, bool]:
+    """`POST /predict` -> (its sequences, whether the request held one): TEI's untagged
+    `PredictInput`, a sequence (a string, or a [text, text] pair) or a batch of them."""
+    payload = _object(payload)
+    inputs = _required(payload, "inputs")
+    if isinstance(inputs, str) or _is_pair(inputs):
+        return [inputs], True
+    if not isinstance(inputs, list) or not all(isinstance(i, str) or _is_pair(i)
+                                               for i in inputs):  # fmt: skip
+        raise TeiError("`inputs` must be a string, a [text, text] pair or a list of those")
+    if not inputs:
+        raise TeiError("`inputs` cannot be empty", "Empty")
+    _check_batch_size(len(inputs), limits)
+    return inputs, False
+
+
+def predict_score_body(sequences: list, payload: dict, limits: TeiLimits) -> dict[str, Any]:
+    """vLLM's `/score` body for pairs (a reranker scores pairs; one text alone is refused)."""
+    if not all(_is_pair(sequence) for sequence in sequences):
+        raise TeiError("this reranker scores (query, document) pairs: send `inputs` as "
+                       "[query, document] or a list of such pairs")  # fmt: skip
+    if any(text == "" for pair in sequences for text in pair):
+        raise TeiError("`inputs` cannot be empty", "Empty")
+    body: dict[str, Any] = {"queries": [pair[0] for pair in sequences],
+                            "documents": [pair[1] for pair in sequences]}  # fmt: skip
+    if _bool(payload, "raw_scores", False):
+        body["use_activation"] = False
+    body.update(_truncation(payload, limits))
+    return body
+
+
+def predict_response(score_body: dict[str, Any], label: str, single: bool) -> list:
+    """vLLM's `/score` answer as TEI's `PredictResponse`: per sequence a list of
+    `{score, label}` (one label: the reranker's)."""
+    data = sorted(score_body["data"], key=lambda item: item["index"])
+    predictions = []
+    for item in data:
+        if item["score"] is None or math.isnan(item["score"]):
+            raise TeiError("score is NaN", "Backend")
+        predictions.append([{"score": item["score"], "label": label}])
+    return predictions[0] if single else predictions
 
 
 def rerank_response(vllm_body: dict[str, Any], texts: Sequence[str], return_text: bool) -> list:
@@ -265,13 +317,14 @@ def _prompt(prompt_name: Any, limits: TeiLimits) -> str | None:
     return limits.prompts[prompt_name]
 
 
-def _truncation(payload: dict) -> dict[str, Any]:
-    """TEI's `truncate` / `truncation_direction` as vLLM's truncation fields (to the model's
-    length: `truncate_prompt_tokens=-1`), or nothing when not truncating."""
+def _truncation(payload: dict, limits: TeiLimits) -> dict[str, Any]:
+    """TEI's `truncate` (unset: the server's `auto_truncate`) and `truncation_direction` as
+    vLLM's truncation fields (to the model's length: `truncate_prompt_tokens=-1`), or nothing
+    when not truncating."""
     direction = payload.get("truncation_direction", "right")
     if direction not in TRUNCATION_DIRECTIONS:
         raise TeiError(f"`truncation_direction` must be left or right, got {direction!r}")
-    if not _bool(payload, "truncate", False):
+    if not _bool(payload, "truncate", limits.auto_truncate):
         return {}
     return {"truncate_prompt_tokens": -1, "truncation_side": TRUNCATION_DIRECTIONS[direction]}
 
@@ -279,8 +332,7 @@ def _truncation(payload: dict) -> dict[str, Any]:
 def _check_batch_size(size: int, limits: TeiLimits) -> None:
     if size > limits.max_client_batch_size:
         raise TeiError(f"batch size {size} > maximum allowed batch size "
-                       f"{limits.max_client_batch_size}", "Validation",
-                       BATCH_TOO_LARGE_STATUS)  # fmt: skip
+                       f"{limits.max_client_batch_size}", "Validation")  # fmt: skip
 
 
 def _object(value: Any, name: str = "request body") -> dict:
@@ -312,6 +364,46 @@ def _bool(payload: dict, name: str, default: bool) -> bool:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_pair(value: Any) -> bool:
+    return isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value)
+
+
+def input_count(route: str, payload: Any) -> int:
+    """How many inputs a TEI request computes (each takes one of TEI's concurrency permits);
+    0 for a body that the route's own checks refuse."""
+    if not isinstance(payload, dict):
+        return 0
+    if route == "/rerank":
+        texts = payload.get("texts")
+        return len(texts) if isinstance(texts, list) else 0
+    if route == "/similarity":
+        inputs = payload.get("inputs")
+        sentences = inputs.get("sentences") if isinstance(inputs, dict) else None
+        return len(sentences) + 1 if isinstance(sentences, list) else 0
+    inputs = payload.get("inputs")
+    one_pair = route == "/predict" and _is_pair(inputs)
+    if isinstance(inputs, str) or _is_ids(inputs) and inputs or one_pair:
+        return 1
+    return len(inputs) if isinstance(inputs, list) else 0
+
+
+def input_characters(route: str, payload: Any) -> int:
+    """Characters of a request's texts (TEI's `x-compute-characters`)."""
+    if not isinstance(payload, dict):
+        return 0
+    texts: list = []
+    if route == "/rerank":
+        texts = [payload.get("query"), *(payload.get("texts") or [])]
+    elif route == "/similarity":
+        inputs = payload.get("inputs") if isinstance(payload.get("inputs"), dict) else {}
+        texts = [inputs.get("source_sentence"), *(inputs.get("sentences") or [])]
+    else:
+        inputs = payload.get("inputs")
+        texts = [inputs] if isinstance(inputs, str) else inputs if isinstance(inputs, list) else []
+        texts = [t for item in texts for t in (item if _is_pair(item) else [item])]
+    return sum(len(text) for text in texts if isinstance(text, str))
 
 
 def _is_ids(value: Any) -> bool:
