@@ -61,9 +61,10 @@ def console_script() -> str:
 
 
 @contextlib.contextmanager
-def running_server(args: list[str], log_path: Path, env: dict[str, str | None] | None = None):
+def running_server(args: list[str], log_path: Path, env: dict[str, str | None] | None = None,
+                   launcher: list[str] | None = None):  # fmt: skip
     """A healthy `Server` for the `with` block; stopped afterwards whatever happened."""
-    server = Server(args, log_path, env)
+    server = Server(args, log_path, env, launcher)
     try:
         server.wait_healthy()
         yield server
@@ -80,13 +81,14 @@ def _child_env(env: dict[str, str | None] | None) -> dict[str, str]:
 class Server:
     """A server process (own process group, so its engine children die with it)."""
 
-    def __init__(self, args: list[str], log_path: Path, env: dict[str, str | None] | None = None):
+    def __init__(self, args: list[str], log_path: Path, env: dict[str, str | None] | None = None,
+                 launcher: list[str] | None = None):  # fmt: skip
+        """`launcher`: the command before `args` (default: `vllm-npu-ext serve`)."""
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        self.args = [
-            console_script(), "serve", *args, "--host", "127.0.0.1", "--port", str(self.port)
-        ]
+        launcher = launcher or [console_script(), "serve"]
+        self.args = [*launcher, *args, "--host", "127.0.0.1", "--port", str(self.port)]
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
             self.args, stdout=self._log, stderr=subprocess.STDOUT,
