@@ -71,3 +71,21 @@ def test_an_event_recorded_before_the_copy_does_not_settle_it():
     source.fill_(0.0)
     with pytest.raises(host_copies.PageableCopyRace):
         torch.npu.synchronize()
+
+
+def test_another_package_s_copy_is_reported_once_per_place_not_refused(caplog):
+    """vllm-ascend's PCP path copies a freed temporary so (`PCPManager._list_to_tensor`): the
+    stand-in runs it, with a warning naming the place, and counts each occurrence."""
+    code = compile("def to_device(values):\n    dst = torch.zeros(len(values), device='npu')\n"
+                   "    dst.copy_(torch.tensor(values), non_blocking=True)\n    return dst\n",
+                   "vllm_ascend/worker/pcp_utils.py", "exec")  # fmt: skip
+    namespace = {"__name__": "vllm_ascend.worker.pcp_utils", "torch": torch}
+    exec(code, namespace)
+    with caplog.at_level("WARNING", logger=host_copies.__name__):
+        for _ in range(2):
+            assert namespace["to_device"]([1, 2]).cpu().tolist() == [1, 2]
+            torch.npu.synchronize()
+    counts = dict(host_copies.PENDING.foreign)
+    assert list(counts.values()) == [2] and "to_device" in next(iter(counts))
+    assert sum("not refused" in record.getMessage() for record in caplog.records) == 1
+    host_copies.PENDING.foreign.clear()
