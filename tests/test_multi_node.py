@@ -8,15 +8,20 @@
 
 Each node is its own `vllm-npu-ext serve` process group with its own bootstrap probe
 (tests/support/bootstrap_probe.py), bound to its own core, and must serve the embeddings of one
-rank (the shared `embedding_server`). The two configurations run one after the other (module
-fixture, parametrized), each stopped before the next starts.
+rank (the shared `embedding_server`); under data parallel each rank must finish requests of
+its own (vLLM's per-engine request counter on the head node's /metrics). The two
+configurations run one after the other (module fixture, parametrized), each stopped before
+the next starts.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
+from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import pytest
 from support.bootstrap_order import assert_ordered
 from support.bootstrap_probe import probe_server_env, read_records
@@ -86,6 +91,36 @@ def test_two_nodes_serve_the_embeddings_of_one_rank(two_nodes, embedding_server,
     worst = min(cosine(a, b) for a, b in zip(one_rank, vectors, strict=True))
     print(f"{head.layout}, two nodes: worst cosine {worst:.7f} to one rank")
     assert worst >= MIN_COSINE
+    assert headless.process.poll() is None, headless.log_tail()
+
+
+def _finished_requests_per_engine(base_url: str) -> dict[str, float]:
+    """vLLM's `vllm:request_success_total` on the head node's /metrics, summed per `engine`
+    label (the data-parallel rank whose engine finished the request)."""
+    counts: dict[str, float] = {}
+    for line in httpx.get(base_url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith("vllm:request_success_total{"):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}", 1)[0]))
+            engine = labels.get("engine", "?")
+            counts[engine] = counts.get(engine, 0.0) + float(line.rsplit(" ", 1)[1])
+    return counts
+
+
+@pytest.mark.parametrize("two_nodes", ["data parallel"], indirect=True)
+def test_both_data_parallel_ranks_serve_requests(two_nodes, embedding_server):
+    """Concurrent requests to the head node are shared between rank 0 (head) and rank 1
+    (the headless node): each engine finished some, by its own request counter."""
+    head, headless = two_nodes
+    model = served_model(embedding_server.base_url)
+    before = _finished_requests_per_engine(head.base_url)
+    texts = word_texts(16, 43, 1, 40)
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(lambda text: embed_alone(head.base_url, model, [text]), texts))
+    after = _finished_requests_per_engine(head.base_url)
+    served = {engine: after.get(engine, 0.0) - before.get(engine, 0.0) for engine in after}
+    print(f"requests finished per data-parallel rank: {served}")
+    assert set(served) == {"0", "1"} and sum(served.values()) == len(texts), served
+    assert served["0"] > 0 and served["1"] > 0, served
     assert headless.process.poll() is None, headless.log_tail()
 
 
