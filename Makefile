@@ -8,7 +8,7 @@ EXTRAS ?= cpu,test
 comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: setup setup-ascend setup-ascend-logged serve test test-main test-ascend test-vllm-ascend lint bench-quick clean ascend
+.PHONY: setup setup-ascend setup-ascend-logged serve test test-main test-ascend test-vllm-ascend lint bench-quick clean ascend test-vllm-pooling test-vllm-pooling-ascend
 
 setup: $(STAMP)
 
@@ -78,6 +78,15 @@ test-main: setup
 test-ascend: setup-ascend
 	$(ASCEND_PY) -m pytest -q $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-vllm-ascend
+
+# vLLM's own tests/entrypoints/pooling of each stack's vLLM release, from its sha256-pinned
+# source distribution, against vllm-npu-ext serve (only the server launcher is ours; stated
+# skips): tests/vllm_pooling/run.py, docs/development.md.
+test-vllm-pooling: setup
+	$(PY) tests/vllm_pooling/run.py $(VLLM_POOLING_ARGS)
+
+test-vllm-pooling-ascend: setup-ascend
+	$(ASCEND_PY) tests/vllm_pooling/run.py $(VLLM_POOLING_ARGS)
 
 test-vllm-ascend: setup-ascend
 	VLLM_NPU_EXT_EMULATE=1 PYTHONPATH=$(VLLM_ASCEND_SITE) $(ASCEND_PY) -m pytest -q \
