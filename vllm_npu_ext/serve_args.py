@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from vllm_npu_ext import envs
+from vllm_npu_ext.patches.vllm_task_flag import TASKS, option_name, task_arguments, task_notice
 
 # Added to every server, after any `--middleware` of the user's (the guard outermost).
 MIDDLEWARES = (
@@ -47,18 +48,6 @@ CPU_MEMORY_UTILIZATION = 0.5
 SMALL_CPU_MACHINE = 4
 PARALLEL_SIZES = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
 CP_SIZES = ("decode_context_parallel_size", "prefill_context_parallel_size")
-# `--task` as vLLM read it before 0.11 (ModelConfig's `_task_to_convert`): the runner and
-# convert it meant. "score" left the convert to the architecture (classify for a
-# *ForSequenceClassification, else embed), which vLLM's `--convert auto` still does.
-TASKS: dict[str, list[str]] = {
-    "embed": ["--runner", "pooling", "--convert", "embed"],
-    "embedding": ["--runner", "pooling", "--convert", "embed"],
-    "classify": ["--runner", "pooling", "--convert", "classify"],
-    "score": ["--runner", "pooling"],
-    "reward": ["--runner", "pooling", "--convert", "reward"],
-    "generate": ["--runner", "generate"],
-    "auto": [],
-}
 # TEI router options (text-embeddings-inference v1.9.3 `router/src/main.rs`) -> our variable.
 TEI_OPTIONS: dict[str, envs.Variable] = {
     "--auto-truncate": envs.TEI_AUTO_TRUNCATE,
@@ -86,15 +75,6 @@ class Resolved:
     args: argparse.Namespace
     environment: dict[str, str]
     notes: list[str]
-
-
-def option_name(token: str) -> str | None:
-    """The long option a token names as vLLM reads it (`--flag_name=v` -> `--flag-name`,
-    `--flag.key` -> `--flag`), or None for anything else."""
-    if not token.startswith("--") or token == "--":
-        return None
-    key = token[2:].split("=", 1)[0].split(".", 1)[0]
-    return "--" + key.replace("_", "-")
 
 
 def split_ours(argv: Sequence[str]) -> tuple[OurOptions, list[str]]:
@@ -152,17 +132,6 @@ def _check_ours(ours: OurOptions, rest: list[str]) -> None:
     if ours.instruction is not None and any(option_name(t) == "--chat-template" for t in rest):
         raise SystemExit("vllm-npu-ext serve: --reranker-instruction sets our template's "
                          "instruction; it cannot apply to your --chat-template")  # fmt: skip
-
-
-def task_arguments(task: str) -> list[str]:
-    """vLLM's flags for a `--task` value (`TASKS`)."""
-    return list(TASKS[task])
-
-
-def task_notice(task: str) -> str:
-    """The one line that says how `--task` was read."""
-    replacement = " ".join(task_arguments(task)) or "nothing (vLLM's defaults)"
-    return f"vllm-npu-ext: --task {task} is no longer a vLLM option; read as {replacement}"
 
 
 def vllm_parser(explicit_only: bool = False) -> argparse.ArgumentParser:

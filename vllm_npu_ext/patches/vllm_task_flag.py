@@ -8,7 +8,7 @@ vllm.entrypoints.openai.api_server`: importing the server's argument module load
 this patch, applied at `register()`, sees every server command line: it wraps
 `FlexibleArgumentParser.parse_args` to replace `--task X` (any spelling vLLM accepts for an
 option: `--task=X`, `--task X`) by the flags vLLM 0.10 read it as
-(`serve_args.task_arguments`) and says so on one line, for `serve` command lines and for
+(`task_arguments`) and says so on one line, for `serve` command lines and for
 parsers that have `--runner` and no `--task` of their own. Other command lines are untouched.
 """
 
@@ -17,9 +17,39 @@ from __future__ import annotations
 import functools
 import sys
 
-from vllm_npu_ext import serve_args
-
 _WRAPPED = "_vllm_npu_ext_task_flag"
+# `--task` as vLLM read it before 0.11 (ModelConfig's `_task_to_convert`): the runner and
+# convert it meant. "score" left the convert to the architecture (classify for a
+# *ForSequenceClassification, else embed), which vLLM's `--convert auto` still does.
+TASKS: dict[str, list[str]] = {
+    "embed": ["--runner", "pooling", "--convert", "embed"],
+    "embedding": ["--runner", "pooling", "--convert", "embed"],
+    "classify": ["--runner", "pooling", "--convert", "classify"],
+    "score": ["--runner", "pooling"],
+    "reward": ["--runner", "pooling", "--convert", "reward"],
+    "generate": ["--runner", "generate"],
+    "auto": [],
+}
+
+
+def option_name(token: str) -> str | None:
+    """The long option a token names as vLLM reads it (`--flag_name=v` -> `--flag-name`,
+    `--flag.key` -> `--flag`), or None for anything else."""
+    if not token.startswith("--") or token == "--":
+        return None
+    key = token[2:].split("=", 1)[0].split(".", 1)[0]
+    return "--" + key.replace("_", "-")
+
+
+def task_arguments(task: str) -> list[str]:
+    """vLLM's flags for a `--task` value (`TASKS`)."""
+    return list(TASKS[task])
+
+
+def task_notice(task: str) -> str:
+    """The one line that says how `--task` was read."""
+    replacement = " ".join(task_arguments(task)) or "nothing (vLLM's defaults)"
+    return f"vllm-npu-ext: --task {task} is no longer a vLLM option; read as {replacement}"
 
 
 def install() -> str:
@@ -56,7 +86,7 @@ def translated(parser, argv: list[str]) -> list[str]:
     out, i, tasks = [], 0, []
     while i < len(argv):
         token = argv[i]
-        if serve_args.option_name(token) == "--task" and "." not in token:
+        if option_name(token) == "--task" and "." not in token:
             if "=" in token:
                 tasks.append(token.split("=", 1)[1])
             elif i + 1 < len(argv):
@@ -68,8 +98,8 @@ def translated(parser, argv: list[str]) -> list[str]:
             out.append(token)
         i += 1
     for task in tasks:
-        if task not in serve_args.TASKS:
+        if task not in TASKS:
             return argv  # vLLM's "unrecognized arguments" then names it
-        out += serve_args.task_arguments(task)
-        print(serve_args.task_notice(task), file=sys.stderr, flush=True)
+        out += task_arguments(task)
+        print(task_notice(task), file=sys.stderr, flush=True)
     return out
