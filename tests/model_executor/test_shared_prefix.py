@@ -164,3 +164,42 @@ def test_steps_with_computed_tokens_or_one_request_are_not_planned():
 def _ids_and_seqs(texts):
     ids = np.array([token for text in texts for token in text])
     return ids, PackedSeqs.from_seq_lens([len(text) for text in texts])
+
+
+@pytest.mark.parametrize("graph_mode", ["none", "piecewise"])
+def test_every_step_row_gets_the_hidden_state_of_the_unique_row_that_holds_it(graph_mode):
+    """What the pooler reads, for every pooling type (last token, mean, every row): the model
+    runs the unique rows (ids and positions gathered: own tokens keep their positions) and
+    each step row, padding included, comes back from its unique row."""
+    from vllm.config.compilation import CUDAGraphMode
+
+    texts = [[5, 6, 7, 8, 1], [9, 9], [5, 6, 7, 8], [5, 6, 7, 8, 2, 3]]
+    ids, seqs = _ids_and_seqs(texts)
+    plan = find_shared_prefixes(ids, seqs, 4)
+    padded = seqs.num_tokens + 3
+    input_ids = torch.tensor([*ids, 0, 0, 0])
+    positions = torch.tensor([*(p for t in texts for p in range(len(t))), 0, 0, 0])
+    seen = {}
+
+    def run_model(rows_ids, rows_positions):  # a row-wise "model": its id and its position
+        seen["rows"] = rows_ids.shape[0]
+        return torch.stack([rows_ids, rows_positions], dim=1).float()
+
+    real = seqs.num_tokens
+    expected = torch.stack([input_ids[:real], positions[:real]], dim=1).float()
+    sharing = shared_prefix.SharedPrefixes(4, graph_mode)
+    mode = CUDAGraphMode.PIECEWISE if graph_mode == "piecewise" else CUDAGraphMode.NONE
+    with _forward_context(mode):  # piecewise: the rows go into the runner's buffers
+        out = sharing.forward(run_model, plan, input_ids, positions, [1, 2, 4, 8, 16])
+    assert seen["rows"] == (plan.num_unique if graph_mode == "none" else 16)
+    assert out.shape == (padded, 2)
+    assert torch.equal(out[:real], expected)
+
+
+def _forward_context(mode):
+    """A minimal vLLM forward context running under graph `mode`."""
+    from vllm.config import VllmConfig
+    from vllm.forward_context import BatchDescriptor, set_forward_context
+
+    return set_forward_context({}, VllmConfig(), num_tokens=16, cudagraph_runtime_mode=mode,
+                               batch_descriptor=BatchDescriptor(num_tokens=16))
