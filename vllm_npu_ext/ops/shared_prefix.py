@@ -100,7 +100,7 @@ class SharedPrefixPlan:
         (padded to `num_rows` with row 0), "original_to_unique" (padded to `num_rows` step rows
         with unique row 0) or "kv_rows" (of `attention_layout(num_rows)`)."""
         return self.cached((name, str(device), num_rows),
-                           lambda: torch.from_numpy(self._index(name, num_rows)).to(device))
+                           lambda: _to_device(self._index(name, num_rows), device))
 
     def _index(self, name: str, num_rows: int | None) -> np.ndarray:
         if name == "kv_rows":
@@ -128,6 +128,15 @@ class SharedPrefixPlan:
         return AttentionLayout(
             PackedSeqs.from_seq_lens(q_lens), PackedSeqs.from_seq_lens(kv_lens), kv_rows
         )
+
+
+def _to_device(index: np.ndarray, device: torch.device | str) -> torch.Tensor:
+    """`index` on `device`: on an accelerator through pinned memory, queued without waiting
+    for the stream (a blocking copy from pageable memory would synchronise it each step)."""
+    host = torch.from_numpy(index)
+    if torch.device(device).type == "cpu":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def find_shared_prefixes(
