@@ -5,7 +5,10 @@ stand-in, with or without context parallelism; writes what the CP decode tests c
         python tests/support/cp_generation_worker.py --model DIR --out FILE \\
         --prompts JSON --max-tokens N [--engine-args JSON] [--stock] [--merges ours,vllm-ascend]
 
-`--prompts` is a JSON list of token-id lists. `--engine-args` go to `vllm.LLM` over the common
+`--prompts` is a JSON list of token-id lists. `--force-token ID` makes every generated token
+`ID` (vLLM's `allowed_token_ids`, applied after the raw logprobs are taken: the logprobs
+returned are the model's), so that a run and its baseline decode the same tokens whatever
+their greedy margins (`support/cp_decode.py`). `--engine-args` go to `vllm.LLM` over the common
 ones below (`tensor_parallel_size`, `decode_context_parallel_size`,
 `prefill_context_parallel_size`, `enforce_eager`, `compilation_config`). `--stock` leaves our
 general plugin out of VLLM_PLUGINS (stock vllm-ascend). `--rounds 2` generates the prompts a
@@ -57,6 +60,7 @@ def main() -> None:
     parser.add_argument("--stock", action="store_true")
     parser.add_argument("--merges", default="ours")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--force-token", type=int, default=None)
     args = parser.parse_args()
     if args.stock:
         sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
@@ -75,8 +79,9 @@ def main() -> None:
                "layers": config.model_config.hf_config.num_hidden_layers}  # fmt: skip
     cp = config.parallel_config.decode_context_parallel_size > 1 or (
         config.parallel_config.prefill_context_parallel_size > 1)
+    forced = None if args.force_token is None else [args.force_token]
     greedy = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, logprobs=2,
-                            ignore_eos=True)  # fmt: skip
+                            ignore_eos=True, allowed_token_ids=forced)  # fmt: skip
     prompts = [{"prompt_token_ids": ids} for ids in json.loads(args.prompts)]
     for merge in args.merges.split(",") if cp else ["none"]:
         results["installed"] = llm.collective_rpc("cp_probe_install", args=(merge == "ours",))
