@@ -124,6 +124,7 @@ class _Parallel:
 class _Config:
     parallel_config = _Parallel()
     model_config = object()
+    lora_config = None
 
 
 @pytest.mark.parametrize(("value", "cache_free", "expected"),
@@ -133,6 +134,16 @@ def test_the_switch_and_the_kv_cache_decide_whether_a_model_shares(monkeypatch, 
     monkeypatch.setenv("VLLM_NPU_EXT_SHARED_PREFIX", value)
     sharing = shared_prefix.for_model(_Config(), cache_free, "none")
     assert (sharing is not None) == expected
+
+
+def test_lora_and_parallel_stages_turn_sharing_off():
+    """Adapters differ per request (a prefix computed with one is not another's); pipeline
+    and data-parallel ranks expect the step's token counts."""
+    lora = type("LoraConfig", (_Config,), {"lora_config": object()})()
+    assert shared_prefix.for_model(lora, True, "none") is None
+    stages = type("Parallel", (), {"pipeline_parallel_size": 2, "data_parallel_size": 1})()
+    assert shared_prefix.for_model(type("C", (_Config,), {"parallel_config": stages})(),
+                                   True, "none") is None  # fmt: skip
 
 
 @pytest.mark.parametrize(("mode", "graph_mode", "expected"), [

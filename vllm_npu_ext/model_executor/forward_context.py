@@ -76,6 +76,12 @@ def has_attention_metadata() -> bool:
     return is_forward_context_available() and bool(_forward_metadata())
 
 
+def splits_rows_across_ranks() -> bool:
+    """Whether the running step's rows are padded and split across tensor-parallel ranks
+    (vllm-ascend's sequence parallelism, `flash_comm_v1_enabled` on its forward context)."""
+    return bool(getattr(get_forward_context(), "flash_comm_v1_enabled", False))
+
+
 def runtime_mode() -> Any:
     """The running forward's graph mode (vLLM's `CUDAGraphMode`, which vllm-ascend uses too)."""
     return get_forward_context().cudagraph_runtime_mode

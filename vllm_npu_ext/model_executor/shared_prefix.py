@@ -80,7 +80,7 @@ class SharedPrefixes:
         began = time.perf_counter()
         offsets = query_start_loc.tolist()
         plan = None
-        if 2 < len(offsets) and offsets[0] == 0 and offsets[-1] <= host_ids.shape[0]:
+        if len(offsets) > 2 and offsets[0] == 0 and offsets[-1] <= host_ids.shape[0]:
             seqs = PackedSeqs.from_query_start_loc(query_start_loc)
             if seqs.num_seqs == len(offsets) - 1 and not any(int(n) for n in num_computed):
                 plan = find_shared_prefixes(host_ids[: seqs.num_tokens], seqs, self.min_len)
@@ -132,13 +132,20 @@ class SharedPrefixes:
 def for_model(vllm_config: Any, cache_free: bool, graph_mode: str) -> SharedPrefixes | None:
     """The model's sharing, or None (logged why) where it is off or cannot apply: a pooling
     run without a KV cache, one pipeline stage, one data-parallel rank (their steps must keep
-    the token counts the other ranks expect), token-id prompts."""
+    the token counts the other ranks expect), no sequence parallelism (it pads and splits the
+    step's rows across ranks), no LoRA (requests with other adapters compute other prefixes),
+    token-id prompts."""
     if not cache_free or not envs.SHARED_PREFIX():
         return None
     parallel = vllm_config.parallel_config
+    pass_config = getattr(getattr(vllm_config, "compilation_config", None), "pass_config", None)
     reason = None
     if parallel.pipeline_parallel_size > 1 or parallel.data_parallel_size > 1:
         reason = "pipeline or data parallelism"
+    elif getattr(pass_config, "enable_sp", False):
+        reason = "sequence parallelism"
+    elif getattr(vllm_config, "lora_config", None) is not None:
+        reason = "LoRA (adapters differ per request)"
     elif getattr(vllm_config.model_config, "enable_prompt_embeds", False):
         reason = "prompt embeddings (no token ids to compare)"
     if reason is not None:

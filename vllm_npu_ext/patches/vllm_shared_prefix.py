@@ -65,6 +65,7 @@ def _step_plan(runner, sharing, arguments: dict):
     runner's warm-up and capture runs, which carry no attention metadata)."""
     if (sharing is None or arguments.get("input_ids") is None
             or not forward_context.has_attention_metadata()
+            or forward_context.splits_rows_across_ranks()
             or arguments.get("inputs_embeds") is not None
             or arguments.get("intermediate_tensors") is not None
             or arguments.get("model_kwargs")):  # fmt: skip
