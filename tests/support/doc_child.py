@@ -36,6 +36,11 @@ def vllm_server_parser():
         from vllm.entrypoints.launchers import cli_args
     except ImportError:
         from vllm.entrypoints.openai import cli_args
+    from vllm_npu_ext.patches import vllm_task_flag
+
+    # The child loads no plugin (VLLM_PLUGINS=""); documented `vllm serve` lines assume ours
+    # is installed, which reads `--task` in vLLM's parser (patches/vllm_task_flag.py).
+    vllm_task_flag.install()
     parser = cli_args.make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
     return parser, cli_args.validate_parsed_serve_args
 

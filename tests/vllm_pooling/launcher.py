@@ -4,9 +4,12 @@ tests changes.
 
 - `RemoteOpenAIServer._start_server` (vLLM's `tests/utils.py`) starts `vllm-npu-ext serve
   MODEL ARGS` instead of `vllm serve MODEL ARGS`, with the same environment, output and process
-  group. On these CPU machines it adds `--kv-cache-memory-bytes` unless the test sets a KV
-  size: vLLM otherwise refuses to start unless half the host's memory is free (our cache-free
-  pooling runs allocate no KV cache either way).
+  group.
+- On the CPU, every engine (servers, and the offline tests' `LLM(...)`) gets a KV cache size
+  (`kv_cache_memory_bytes`) unless the test sets one: vLLM's CPU worker otherwise refuses to
+  start unless the fraction `gpu_memory_utilization` of the host's memory is free (the
+  offline tests ask for 0.75), which would make the outcome depend on what else the machine
+  runs. Cache-free pooling runs allocate no KV cache either way.
 - Every skip in `skips.py` (per vLLM version) is applied with its reason: test functions
   (all their parameters), and modules that cannot even be imported here.
 """
@@ -42,10 +45,21 @@ def _start_server(self, model: str, vllm_serve_args: list[str], env_dict) -> Non
                                  start_new_session=True)  # fmt: skip
 
 
+def _with_kv_cache_size(init):
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("kv_cache_memory_bytes", int(KV_CACHE_BYTES))
+        init(self, *args, **kwargs)
+
+    return __init__
+
+
 def pytest_sessionstart(session) -> None:
+    import vllm
+
     from tests import utils
 
     utils.RemoteOpenAIServer._start_server = _start_server
+    vllm.LLM.__init__ = _with_kv_cache_size(vllm.LLM.__init__)
 
 
 class SkippedModule(pytest.Module):

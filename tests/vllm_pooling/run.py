@@ -1,7 +1,7 @@
 """vLLM's own pooling-API tests (`tests/entrypoints/pooling` of the installed vLLM release)
 against `vllm-npu-ext serve`.
 
-    python tests/vllm_pooling/run.py [--workdir DIR] [pytest arguments...]
+    python tests/vllm_pooling/run.py [--workdir DIR] [pytest arguments, test paths...]
 
 1. Fetches the release's source distribution from PyPI (the URL and sha256 pinned below;
    a file whose hash differs is refused) and unpacks its `tests/` (vLLM's test helpers and
@@ -128,8 +128,10 @@ def main(argv: list[str] | None = None) -> int:
            "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
            "PYTHONPATH": os.pathsep.join([str(HERE), str(site), str(source),
                                           os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    paths = [a for a in pytest_args if a.startswith(POOLING_TESTS)] or [POOLING_TESTS]
+    options = [a for a in pytest_args if not a.startswith(POOLING_TESTS)]
     command = [sys.executable, "-m", "pytest", "-p", "launcher", "-p", "no:cacheprovider",
-               "-ra", POOLING_TESTS, *pytest_args]  # fmt: skip
+               "-ra", *options, *paths]  # fmt: skip
     print(f"vLLM {release}'s {POOLING_TESTS} against vllm-npu-ext serve: {' '.join(command)}",
           flush=True)  # fmt: skip
     return subprocess.run(command, cwd=source, env=env).returncode
