@@ -49,8 +49,18 @@ def runs(worker_pool, engine_runs, tmp_path_factory):
         worker_pool.submit(f"shared_prefix/{name}", "shared_prefix_worker.py", args,
                            root / f"{name}.pt")  # fmt: skip
     worker_pool.wait([f"shared_prefix/{name}" for name in RUNS])
-    return {name: {**worker_pool.result(f"shared_prefix/{name}"), "model_dir": model_dirs[name]}
-            for name in RUNS}  # fmt: skip
+    return _Runs(worker_pool, model_dirs)
+
+
+class _Runs:
+    """The runs' results by name; a run that failed raises where a test reads it (the tests of
+    the other runs still run)."""
+
+    def __init__(self, pool, model_dirs):
+        self.pool, self.model_dirs = pool, model_dirs
+
+    def __getitem__(self, name: str) -> dict:
+        return {**self.pool.result(f"shared_prefix/{name}"), "model_dir": self.model_dirs[name]}
 
 
 def _hf_embeddings(model_dir, prompts) -> torch.Tensor:
@@ -70,17 +80,17 @@ def _worst(a: torch.Tensor, b: torch.Tensor) -> float:
     return F.cosine_similarity(a.float(), b.float(), dim=-1).min().item()
 
 
-def test_the_step_groups_as_expected_and_computes_its_unique_tokens_only(runs):
-    prompts = runs["fp32"]["npu"]["prompts"]
+@pytest.mark.parametrize(("run", "path"), EMBEDDING_RUNS)
+def test_the_step_groups_as_expected_and_computes_its_unique_tokens_only(runs, run, path):
+    result = runs[run]
+    prompts = result[path]["prompts"]
     seqs = PackedSeqs.from_seq_lens([len(ids) for ids in prompts])
     ids = np.array([token for prompt in prompts for token in prompt])
-    plan = find_shared_prefixes(ids, seqs, runs["fp32"]["min_len"])
+    plan = find_shared_prefixes(ids, seqs, result["min_len"])
     assert [group.members for group in plan.groups] == list(EXPECTED_MEMBERS)
     assert plan.q_lens[0] == len(prompts[0])  # the whole prefix of 3 and 5, computed once
-    for run, path in EMBEDDING_RUNS:
-        stats = runs[run][path]["stats"]
-        assert stats == {"shared_steps": 1, "tokens": plan.num_tokens,
-                         "computed_tokens": plan.num_unique}, (run, path)  # fmt: skip
+    assert result[path]["stats"] == {"shared_steps": 1, "tokens": plan.num_tokens,
+                                     "computed_tokens": plan.num_unique}  # fmt: skip
 
 
 @pytest.mark.parametrize(("run", "path"), EMBEDDING_RUNS)
