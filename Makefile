@@ -78,6 +78,7 @@ test-main: setup
 test-ascend: setup-ascend
 	$(ASCEND_PY) -m pytest -q $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-vllm-ascend
+	$(MAKE) --no-print-directory test-vllm-pooling-ascend
 
 # vLLM's own tests/entrypoints/pooling of each stack's vLLM release, from its sha256-pinned
 # source distribution, against vllm-npu-ext serve (only the server launcher is ours; stated
