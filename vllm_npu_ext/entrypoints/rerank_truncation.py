@@ -102,6 +102,8 @@ def truncated_body(payload: dict, counter: PromptCounter, max_model_len: int) ->
     queries, documents = payload[query_field], payload[document_field]
     single = isinstance(documents, str)
     documents = [documents] if single else documents
+    if isinstance(queries, list) and len(queries) == 1 and isinstance(documents, list):
+        queries = queries[0]  # one query against every document, as vLLM scores it
     if isinstance(queries, str):
         queries = [queries] * len(documents) if isinstance(documents, list) else None
     if not isinstance(documents, list) or not isinstance(queries, list) \
