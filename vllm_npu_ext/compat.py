@@ -139,6 +139,12 @@ def checks_dimensions_range() -> bool:
     return _vllm_minor() >= 32
 
 
+def checks_top_n() -> bool:
+    """vLLM 0.32 answers a negative rerank `top_n` with 400 (`RerankRequest.top_n`, ge=0);
+    0.23 returns every document."""
+    return _vllm_minor() >= 32
+
+
 def _vllm_minor() -> int:
     import vllm
 

@@ -89,7 +89,6 @@ def test_payloads_left_to_vllm(payload, vllm_checks):
     ("path", "payload", "message"),
     [
         ("/rerank", {"query": "", "documents": ["a"]}, "query must not be an empty string"),
-        ("/v1/rerank", {"query": "q", "documents": ["a"], "top_n": -1}, "top_n must be >= 0"),
         ("/v2/rerank", {"query": "", "documents": []}, "query must not"),
         ("/score", {"queries": "", "documents": ["a"]}, "queries must not"),
         ("/v1/score", {"text_1": ["a", ""], "text_2": ["b", "c"]}, r"text_1\[1\] must not"),
@@ -99,6 +98,13 @@ def test_payloads_left_to_vllm(payload, vllm_checks):
 def test_rejected_scoring_payloads(path, payload, message):
     refusal = validate_scoring_request(path, payload)
     assert refusal is not None and re.search(message, refusal.message)
+
+
+def test_a_negative_top_n_is_ours_where_vllm_returns_every_document_and_vllm_s_elsewhere():
+    payload = {"query": "q", "documents": ["a"], "top_n": -1}
+    refusal = validate_scoring_request("/v1/rerank", payload, vllm_checks=False)  # vLLM 0.23
+    assert refusal is not None and re.search("top_n must be >= 0", refusal.message)
+    assert validate_scoring_request("/v1/rerank", payload, vllm_checks=True) is None  # 0.32
 
 
 @pytest.mark.parametrize(

@@ -8,11 +8,11 @@ EOS token and return a meaningless vector) and batches larger than the API allow
 
 `ScoringRequestValidator` does the same for `/rerank` and `/score` (and their `/v1`, `/v2`
 aliases). vLLM answers 400 for an empty document list, non-string documents and a pair
-longer than the model length; it accepts an empty query and a negative `top_n` in vLLM 0.23
-(read as "every document"; 0.32 answers 400 itself). For Qwen3-Reranker it applies
-`truncate_prompt_tokens` to the document, so that the template and the query stay whole
-(`rerank_truncation.py`; vLLM would cut the templated prompt's end, the assistant turn after
-which the score is read).
+longer than the model length; it accepts an empty query, and a negative `top_n` in vLLM 0.23
+(read as "every document"; 0.32 answers 400 itself, and this check is left to it there).
+For Qwen3-Reranker it applies `truncate_prompt_tokens` to the document, so that the template
+and the query stay whole (`rerank_truncation.py`; vLLM would cut the templated prompt's end,
+the assistant turn after which the score is read).
 
 Our own checks' messages start with the name of the offending request field, which becomes
 the error's `param`. What vLLM 0.32 answers itself these validators leave to vLLM; where vLLM
@@ -141,14 +141,18 @@ def _dimensions_out_of_range(payload: dict, model: ServedModel | None) -> Refusa
                    f"[1, {model.embedding_size}], got {dimensions}.", None)  # fmt: skip
 
 
-def validate_scoring_request(path: str, payload: Any) -> Refusal | None:
-    """Why a decoded rerank/score request body is refused, or None."""
+def validate_scoring_request(path: str, payload: Any,
+                             vllm_checks: bool | None = None) -> Refusal | None:  # fmt: skip
+    """Why a decoded rerank/score request body is refused, or None. A negative `top_n` is
+    left to vLLM where it answers it itself (`vllm_checks`; default: the installed version's,
+    `compat`)."""
     if not isinstance(payload, dict):
         return None
     if path in RERANK_PATHS:
         error = _empty_string_error("query", payload.get("query"))
         top_n = payload.get("top_n")
-        if error is None and _is_int(top_n) and top_n < 0:
+        vllm_checks = compat.checks_top_n() if vllm_checks is None else vllm_checks
+        if error is None and not vllm_checks and _is_int(top_n) and top_n < 0:
             error = f"top_n must be >= 0 (0 returns every document), got {top_n}"
     else:
         fields = [name for name in SCORE_QUERY_FIELDS if name in payload]
