@@ -18,6 +18,9 @@ PLAIN_BASES = {"object", "Enum", "IntEnum", "StrEnum", "str", "int", "ABC", "Pro
 KEEP_SIGNATURE = {"cache", "lru_cache", "wraps", "staticmethod", "classmethod", "override",
                   "abstractmethod", "no_grad", "inference_mode", "overload", "deprecated"}
 DATACLASS_DECORATORS = {"dataclass", "config"}
+# Bases whose subclasses take their annotated fields as constructor keywords, as a dataclass does
+# (msgspec.Struct: vLLM's PoolingParams and SamplingParams).
+FIELD_BASES = {"Struct"}
 
 
 @dataclass(frozen=True)
@@ -195,10 +198,11 @@ class SourceTree:
         if init is not None:
             return _function_signature(init, drop_first=True)
         own = set()
-        if {_simple_name(d) for d in node.decorator_list} & DATACLASS_DECORATORS:
+        if ({_simple_name(d) for d in node.decorator_list} & DATACLASS_DECORATORS
+                or {_simple_name(b) for b in node.bases} & FIELD_BASES):
             own = {s.target.id for s in node.body if isinstance(s, ast.AnnAssign)
                    and isinstance(s.target, ast.Name) and _simple_name(s.annotation) != "ClassVar"}
-        bases = [b for b in node.bases if _simple_name(b) not in PLAIN_BASES]
+        bases = [b for b in node.bases if _simple_name(b) not in PLAIN_BASES | FIELD_BASES]
         if not bases:
             return Signature(own)
         found = self.definition(module, bases[0].id) if isinstance(bases[0], ast.Name) else None

@@ -11,7 +11,9 @@ from vllm_npu_ext.tiny_model import EOS_TOKEN, PRESETS, make_tiny_model
 
 
 def _digests(path):
-    return {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(path.iterdir())}
+    """sha256 of every file under `path` (Sentence Transformers' module folders included)."""
+    return {str(f.relative_to(path)): hashlib.sha256(f.read_bytes()).hexdigest()
+            for f in sorted(path.rglob("*")) if f.is_file()}
 
 
 def test_same_arguments_give_identical_files(tmp_path, tiny_model_dir):

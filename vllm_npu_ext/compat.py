@@ -100,10 +100,10 @@ def server_parser() -> Any:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     try:  # vLLM 0.32
-        from vllm.entrypoints.launchers import cli_args
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
     except ImportError:  # vLLM 0.23
-        from vllm.entrypoints.openai import cli_args
-    return cli_args.make_arg_parser(FlexibleArgumentParser(prog="vllm-npu-ext serve"))
+        from vllm.entrypoints.openai.cli_args import make_arg_parser
+    return make_arg_parser(FlexibleArgumentParser(prog="vllm-npu-ext serve"))
 
 
 def validate_server_args(args: Any) -> None:

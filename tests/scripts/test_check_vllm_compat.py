@@ -58,6 +58,7 @@ FAKE_VLLM = {
     "layers/private.py": "class Public:\n    pass\nclass _Private:\n    pass\n",
     "layers/kinds/__init__.py": """
         import enum
+        import msgspec
         from dataclasses import dataclass
         class Kind(str, enum.Enum):
             A = "a"
@@ -66,6 +67,8 @@ FAKE_VLLM = {
         @dataclass
         class Options:
             depth: int = 1
+        class Params(msgspec.Struct, omit_defaults=True):
+            task: str | None = None
     """,
 }
 
@@ -76,7 +79,7 @@ FAKE_PACKAGE = """
     from vllm.anything import whatever_it_is
     from vllm.envs import helper, removed, wrapped, flexible
     from vllm.layers import Hidden, Linear, Norm, Public, _Private
-    from vllm.layers.kinds import Kind, Options, Unknown
+    from vllm.layers.kinds import Kind, Options, Params, Unknown
 
     def lazy():
         from vllm import envs as vllm_envs
@@ -96,6 +99,7 @@ FAKE_PACKAGE = """
         Linear(8, bias=True, dtype=None)
         Norm(size=1, nope=2)
         Options(depth=2, width=3)
+        Params(task="embed", activation=True)
         Unknown(x=1)
 
     class Sub(Linear):
@@ -201,6 +205,8 @@ def test_uses_record_file_and_line(fake):
     ("vllm.layers.Norm", "nope", "MISSING"),
     ("vllm.layers.kinds.Options", "depth", "OK"),  # dataclass field
     ("vllm.layers.kinds.Options", "width", "MISSING"),
+    ("vllm.layers.kinds.Params", "task", "OK"),  # msgspec.Struct field
+    ("vllm.layers.kinds.Params", "activation", "MISSING"),
     ("vllm.layers.kinds.Unknown", "x", "UNCHECKED"),  # base class outside the tree
     ("vllm.layers.Linear", "size", "OK"),  # super().__init__ in a subclass
     ("vllm.layers.Linear", "extra", "MISSING"),
@@ -219,7 +225,7 @@ def test_main_fails_on_missing_names_and_prints_json(fake, capsys, monkeypatch):
     assert result["version"] == "9.9.0"
     assert result["ok"] is False
     assert result["counts"]["names"]["MISSING"] == 9
-    assert result["counts"]["keywords"]["MISSING"] == 5
+    assert result["counts"]["keywords"]["MISSING"] == 6
 
 
 def test_table_ends_with_summary(fake, capsys, monkeypatch):
