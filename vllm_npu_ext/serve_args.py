@@ -161,8 +161,8 @@ def resolve(argv: Sequence[str], default_model: str | None = None) -> Resolved:
     ours, rest = split_ours(argv)
     notes = []
     if ours.task is not None:
-        rest = [*rest, *task_arguments(ours.task)]
-        notes.append(task_notice(ours.task))
+        notes.append(task_notice(ours.task, rest))
+        rest = [*rest, *task_arguments(ours.task, rest)]
     explicit = given(rest)
     args = vllm_parser().parse_args(rest)
     model = explicit.get("model_tag") or explicit.get("model")

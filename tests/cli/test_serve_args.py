@@ -100,6 +100,12 @@ _case("task classify", ["--task", "classify"],
       lambda r: (r["runner"], r["convert"]) == ("pooling", "classify"))
 _case("task score", ["--task=score"], lambda r: (r["runner"], r["convert"]) == ("pooling", "auto"))
 _case("task generate", ["--task", "generate"], lambda r: r["runner"] == "generate")
+_case("task with the user's own runner: the user's wins", ["--runner=generate", "--task", "embed"],
+      lambda r: (r["runner"], r["convert"]) == ("generate", "embed")
+      and any("your own --runner kept" in note for note in r["notes"]))
+_case("task with the user's own convert: the user's wins",
+      ["--task", "embed", "--convert", "classify"],
+      lambda r: (r["runner"], r["convert"]) == ("pooling", "classify"))
 _case("task unknown", ["--task", "nonsense"], lambda r: "--task must be one of" in r["error"])
 for number, spelling in enumerate(_value_spellings("--reranker-instruction", "Find code")):
     _case(f"reranker-instruction spelling {number}", ["--reranker", *spelling],

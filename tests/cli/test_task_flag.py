@@ -27,6 +27,11 @@ SERVER_PARSER = SimpleNamespace(_option_string_actions={"--runner": None, "--mod
         (["m", "--task", "auto"], ["m"]),
         (["m", "--task", "nonsense"], ["m", "--task", "nonsense"]),  # vLLM's own error
         (["m", "--runner", "pooling"], ["m", "--runner", "pooling"]),
+        # the user's own --runner / --convert win over what the task would mean
+        (["m", "--runner", "generate", "--task", "embed"],
+         ["m", "--runner", "generate", "--convert", "embed"]),
+        (["m", "--task", "embed", "--convert=classify"],
+         ["m", "--convert=classify", "--runner", "pooling"]),
     ],
 )  # fmt: skip
 def test_task_is_replaced_on_server_command_lines(argv, expected, capsys):
@@ -35,7 +40,10 @@ def test_task_is_replaced_on_server_command_lines(argv, expected, capsys):
     tasks = [a.split("=")[-1] for a in argv if a.startswith("--task=")]
     tasks += [argv[i + 1] for i, a in enumerate(argv) if a == "--task"]
     if tasks and tasks[0] in serve_args.TASKS:
-        assert notices == [serve_args.task_notice(tasks[0])]
+        user_argv = [a for i, a in enumerate(argv) if not a.startswith("--task")
+                     and (i == 0 or argv[i - 1] != "--task")]  # fmt: skip
+        assert notices == [serve_args.task_notice(tasks[0], user_argv)]
+        assert ("kept" in notices[0]) == any(a.startswith(("--runner", "--convert")) for a in argv)
     else:
         assert notices == []
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Sequence
 
 _WRAPPED = "_vllm_npu_ext_task_flag"
 # `--task` as vLLM read it before 0.11 (ModelConfig's `_task_to_convert`): the runner and
@@ -41,15 +42,21 @@ def option_name(token: str) -> str | None:
     return "--" + key.replace("_", "-")
 
 
-def task_arguments(task: str) -> list[str]:
-    """vLLM's flags for a `--task` value (`TASKS`)."""
-    return list(TASKS[task])
+def task_arguments(task: str, argv: Sequence[str] = ()) -> list[str]:
+    """vLLM's flags for a `--task` value (`TASKS`), less those `argv` sets itself: a user's
+    own `--runner` or `--convert` wins over what the task would mean."""
+    flags = TASKS[task]
+    user_options = {option_name(token) for token in argv}
+    return [token for flag, value in zip(flags[::2], flags[1::2], strict=True)
+            if flag not in user_options for token in (flag, value)]  # fmt: skip
 
 
-def task_notice(task: str) -> str:
-    """The one line that says how `--task` was read."""
-    replacement = " ".join(task_arguments(task)) or "nothing (vLLM's defaults)"
-    return f"vllm-npu-ext: --task {task} is no longer a vLLM option; read as {replacement}"
+def task_notice(task: str, argv: Sequence[str] = ()) -> str:
+    """The one line that says how `--task` was read (given the rest of the command line)."""
+    replacement = " ".join(task_arguments(task, argv)) or "nothing (vLLM's defaults)"
+    kept = [flag for flag in TASKS[task][::2] if flag in {option_name(t) for t in argv}]
+    note = f" (your own {' and '.join(kept)} kept)" if kept else ""
+    return f"vllm-npu-ext: --task {task} is no longer a vLLM option; read as {replacement}{note}"
 
 
 def install() -> str:
@@ -97,9 +104,10 @@ def translated(parser, argv: list[str]) -> list[str]:
         else:
             out.append(token)
         i += 1
+    if any(task not in TASKS for task in tasks):
+        return argv  # vLLM's "unrecognized arguments" then names it
+    user_argv = list(out)
     for task in tasks:
-        if task not in TASKS:
-            return argv  # vLLM's "unrecognized arguments" then names it
-        out += task_arguments(task)
-        print(task_notice(task), file=sys.stderr, flush=True)
+        out += task_arguments(task, user_argv)
+        print(task_notice(task, user_argv), file=sys.stderr, flush=True)
     return out
