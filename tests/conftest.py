@@ -17,6 +17,10 @@ from support.engines import ENGINE_CONFIGS, EngineRuns, WorkerPool
 from vllm_npu_ext import envs
 from vllm_npu_ext.tiny_model import make_tiny_model
 
+# Read before anything imports vLLM (these imports do not), whose import sets
+# TORCHINDUCTOR_CACHE_DIR to Inductor's default: see session_compile_caches.
+COMPILE_CACHE_VARIABLES = ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+USER_COMPILE_CACHES = frozenset(v for v in COMPILE_CACHE_VARIABLES if os.environ.get(v))
 ENGINE_CONFIGS_NEEDED = pytest.StashKey[set]()
 VLLM_ASCEND_TESTS = Path(__file__).resolve().parent / "with_vllm_ascend"
 # The stand-in's npu device, installed for the whole process: tests/emulator/test_npu_device.py
@@ -80,6 +84,19 @@ def host_kernel_cache(tmp_path_factory):
         if not os.environ.get(variable):
             patch.setenv(variable, str(tmp_path_factory.mktemp("host_kernel")))
         yield Path(os.environ[variable])
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_compile_caches(tmp_path_factory):
+    """vLLM's and Inductor's caches in the session's tmp directory (unless the user set them
+    before pytest started), shared with the subprocesses tests start. Caches that outlive a
+    session made outcomes depend on earlier runs: Inductor's cache written under the CPU's
+    own kernels, reused with ATEN_CPU_CAPABILITY=avx2, gave NaN embeddings in
+    tests/model_executor/test_graph_mode.py (vLLM 0.32, torch 2.11), where a fresh one passes."""
+    with pytest.MonkeyPatch.context() as patch:
+        for variable in set(COMPILE_CACHE_VARIABLES) - USER_COMPILE_CACHES:
+            patch.setenv(variable, str(tmp_path_factory.mktemp(variable.lower())))
+        yield {variable: Path(os.environ[variable]) for variable in COMPILE_CACHE_VARIABLES}
 
 
 @pytest.fixture(scope="session")
