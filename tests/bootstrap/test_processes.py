@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 import pytest
-from support.bootstrap_order import assert_inherited_first, assert_ordered
+from support.bootstrap_order import assert_inherited_in_order, assert_ordered
 from support.bootstrap_probe import probe_server_env, read_records, vllm_ascend_vendor_dir
 
 # What a vLLM process does first: resolve the platform (platform plugins), then load the
@@ -62,7 +62,7 @@ def test_every_server_process_puts_our_package_first(embedding_server):
     for record in [api_server, engine, *workers]:
         assert_ordered(record, probe_dir, ("at_general_plugin_load", "final"))
     for child in [engine, *workers]:
-        assert_inherited_first(child, probe_dir)
+        assert_inherited_in_order(child, probe_dir)
     log = embedding_server.log_path.read_text(errors="replace")
     for record in [api_server, engine, *workers]:
         assert f"vllm-npu-ext custom-op bootstrap in pid {record['pid']}:" in log

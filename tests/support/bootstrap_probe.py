@@ -34,9 +34,11 @@ the exact string is present) and writes `records/<pid>.json` with three snapshot
 LD_LIBRARY_PATH once, at process start), `at_general_plugin_load`, and the final values.
 
 Other packages prepend to LD_LIBRARY_PATH too: opencv's `cv2/__init__.py` adds its `lib64` in
-every vLLM process, between the platform plugins and the general plugins (seen here). So the
-checks compare the relative order of the crafted entries, and `register()` re-applies the
-order before vLLM spawns children.
+every vLLM process, between the platform plugins and the general plugins (seen here), and on
+vLLM 0.23 the API server imports it again after `register()`, before it spawns the engine. So
+the checks compare the relative order of the crafted entries, and in what a child inherits,
+that no entry ahead of vllm-ascend's provides `libcust_opapi.so` (each crafted vendor
+directory ships one, as a real package does).
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ DIST_INFO = "npu_ext_bootstrap_probe-0.0.dist-info"
 RESET_MODULE = "npu_ext_probe_reset"
 RECORD_MODULE = "npu_ext_probe_record"
 VARIABLES = ("ASCEND_CUSTOM_OPP_PATH", "LD_LIBRARY_PATH")
+# The op API library every CANN custom op package ships (vllm_npu_ext.bootstrap, docstring).
+SONAME = "libcust_opapi.so"
 RELATIVE_ENTRY = "relative/opp"
 
 RESET_SOURCE = '''\
@@ -197,6 +201,7 @@ def make_vendor_dir(
     for name in aclnn_names:
         (include / f"aclnn_{name}.h").write_text(f"// aclnn {name}\n", encoding="utf-8")
     lib_dir(vendor_dir).mkdir(parents=True, exist_ok=True)
+    (lib_dir(vendor_dir) / SONAME).touch()
     return vendor_dir
 
 
