@@ -72,13 +72,14 @@ setup-ascend-logged:
 test-main: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-# Two runs: the suite on vLLM 0.23's CPU platform, then vllm-ascend's own code
-# (tests/with_vllm_ascend) with vllm-ascend on the path and the torch_npu stand-in installed by our
-# platform plugin (VLLM_NPU_EXT_EMULATE=1) before vLLM resolves vllm-ascend's NPUPlatform.
+# The suite on vLLM 0.23's CPU platform, then, side by side (they wait on engines as much as they
+# compute: 20.5 min together against 24 one after the other on 2 cores, each target's output
+# kept whole), vllm-ascend's own code (tests/with_vllm_ascend) with vllm-ascend on the path and the
+# torch_npu stand-in installed by our platform plugin (VLLM_NPU_EXT_EMULATE=1) before vLLM
+# resolves vllm-ascend's NPUPlatform, and vLLM 0.23's own pooling tests.
 test-ascend: setup-ascend
 	$(ASCEND_PY) -m pytest -q $(PYTEST_ARGS)
-	$(MAKE) --no-print-directory test-vllm-ascend
-	$(MAKE) --no-print-directory test-vllm-pooling-ascend
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-vllm-ascend test-vllm-pooling-ascend
 
 # vLLM's own tests/entrypoints/pooling of each stack's vLLM release, from its sha256-pinned
 # source distribution, against vllm-npu-ext serve (only the server launcher is ours; stated
