@@ -63,10 +63,11 @@ def assert_inherited_in_order(record: dict, probe_dir) -> None:
     that no entry ahead of vllm-ascend's directory provides `libcust_opapi.so`, the soname
     vllm-ascend's extension binds to (module docstring of vllm_npu_ext.bootstrap).
     """
-    inherited = [entry for entry in record["inherited"]["LD_LIBRARY_PATH"].split(":") if entry]
+    value = record["inherited"]["LD_LIBRARY_PATH"]
+    inherited = [entry for entry in value.split(":") if entry]
     known = crafted_entries(probe_dir)["LD_LIBRARY_PATH"]
     where = f"pid {record['pid']} inherited {inherited}"
-    assert order_of(":".join(inherited), known) == known, where
+    assert order_of(value, known) == known, where
     ahead = inherited[: inherited.index(known[0])]
     shadowing = [entry for entry in ahead if os.path.exists(os.path.join(entry, SONAME))]
     assert not shadowing, f"{where}: {shadowing} ahead of vllm-ascend's {SONAME}"
