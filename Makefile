@@ -8,7 +8,7 @@ EXTRAS ?= cpu,test
 comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: setup setup-ascend setup-ascend-logged serve test test-main test-ascend test-vllm-ascend lint bench-quick clean ascend test-vllm-pooling test-vllm-pooling-ascend
+.PHONY: setup setup-ascend setup-ascend-logged serve test test-main test-ascend test-ascend-parts test-ascend-suite test-vllm-ascend lint bench-quick clean ascend test-vllm-pooling test-vllm-pooling-ascend
 
 setup: $(STAMP)
 
@@ -56,14 +56,14 @@ $(STAMP): setup.py
 serve: setup
 	$(VENV)/bin/vllm-npu-ext serve $(ARGS)
 
-# The whole suite on both stacks: vLLM 0.32 (.venv), then vLLM 0.23, vllm-ascend's
-# (.venv-ascend), then vllm-ascend's own code. .venv-ascend is installed while the first
-# stack's tests run (mostly download and unpacking; its output goes to
-# .venv-ascend-setup.log, shown if it fails), to keep the whole run, set-up included, within
-# an hour on 2 cores (current figures: docs/development.md, "Timings").
+# The whole suite on both stacks, every part two at a time (the parts wait on engines and
+# servers as much as they compute; the figures: docs/development.md, "Timings"): vLLM 0.32
+# (.venv) beside the installation of .venv-ascend (mostly download and unpacking; its output
+# goes to .venv-ascend-setup.log, shown if it fails); then, as a slot frees, vLLM 0.23 with
+# vllm-ascend's Python package (.venv-ascend), vLLM 0.23's own pooling tests and vllm-ascend's
+# own code (tests/with_vllm_ascend). Each part's output is printed whole when it ends.
 test: lint
-	$(MAKE) --no-print-directory -j2 test-main setup-ascend-logged
-	$(MAKE) --no-print-directory test-ascend
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-main test-ascend-parts
 
 setup-ascend-logged:
 	@$(MAKE) --no-print-directory setup-ascend > $(ASCEND_VENV)-setup.log 2>&1 \
@@ -72,14 +72,19 @@ setup-ascend-logged:
 test-main: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-# The suite on vLLM 0.23's CPU platform, then, side by side (they wait on engines as much as they
-# compute: 20.5 min together against 24 one after the other on 2 cores, each target's output
-# kept whole), vllm-ascend's own code (tests/with_vllm_ascend) with vllm-ascend on the path and the
+# The three parts on .venv-ascend, longest first: the suite on vLLM 0.23's CPU platform, vLLM
+# 0.23's own pooling tests, and vllm-ascend's own code with vllm-ascend on the path and the
 # torch_npu stand-in installed by our platform plugin (VLLM_NPU_EXT_EMULATE=1) before vLLM
-# resolves vllm-ascend's NPUPlatform, and vLLM 0.23's own pooling tests.
-test-ascend: setup-ascend
+# resolves vllm-ascend's NPUPlatform. `make test-ascend` runs them two at a time.
+test-ascend-parts: test-ascend-suite test-vllm-pooling-ascend test-vllm-ascend
+
+test-ascend:
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-ascend-parts
+
+test-ascend-suite test-vllm-pooling-ascend test-vllm-ascend: setup-ascend-logged
+
+test-ascend-suite:
 	$(ASCEND_PY) -m pytest -q $(PYTEST_ARGS)
-	$(MAKE) --no-print-directory -j2 --output-sync=target test-vllm-ascend test-vllm-pooling-ascend
 
 # vLLM's own tests/entrypoints/pooling of each stack's vLLM release, from its sha256-pinned
 # source distribution, against vllm-npu-ext serve (only the server launcher is ours; stated
@@ -87,10 +92,10 @@ test-ascend: setup-ascend
 test-vllm-pooling: setup
 	$(PY) tests/vllm_pooling/run.py $(VLLM_POOLING_ARGS)
 
-test-vllm-pooling-ascend: setup-ascend
+test-vllm-pooling-ascend:
 	$(ASCEND_PY) tests/vllm_pooling/run.py $(VLLM_POOLING_ARGS)
 
-test-vllm-ascend: setup-ascend
+test-vllm-ascend:
 	VLLM_NPU_EXT_EMULATE=1 PYTHONPATH=$(VLLM_ASCEND_SITE) $(ASCEND_PY) -m pytest -q \
 		tests/with_vllm_ascend $(PYTEST_ARGS)
 
