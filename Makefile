@@ -56,8 +56,8 @@ $(STAMP): setup.py
 serve: setup
 	$(VENV)/bin/vllm-npu-ext serve $(ARGS)
 
-# The whole suite on both stacks, every part two at a time (the parts wait on engines and
-# servers as much as they compute; the figures: docs/development.md, "Timings"): vLLM 0.32
+# The whole suite on both stacks, every part two at a time (docs/development.md, "Timings",
+# has the figures: the run is bound by CPU time, so this saves only the engines' waits): vLLM 0.32
 # (.venv) beside the installation of .venv-ascend (mostly download and unpacking; its output
 # goes to .venv-ascend-setup.log, shown if it fails); then, as a slot frees, vLLM 0.23 with
 # vllm-ascend's Python package (.venv-ascend), vLLM 0.23's own pooling tests and vllm-ascend's
