@@ -72,10 +72,10 @@ setup-ascend-logged:
 test-main: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-# The three parts on .venv-ascend, longest first: the suite on vLLM 0.23's CPU platform, vLLM
-# 0.23's own pooling tests, and vllm-ascend's own code with vllm-ascend on the path and the
-# torch_npu stand-in installed by our platform plugin (VLLM_NPU_EXT_EMULATE=1) before vLLM
-# resolves vllm-ascend's NPUPlatform. `make test-ascend` runs them two at a time.
+# The three parts on .venv-ascend, the longest (the suite) first: the suite on vLLM 0.23's CPU
+# platform, vLLM 0.23's own pooling tests, and vllm-ascend's own code with vllm-ascend on the
+# path and the torch_npu stand-in installed by our platform plugin (VLLM_NPU_EXT_EMULATE=1)
+# before vLLM resolves vllm-ascend's NPUPlatform. `make test-ascend` runs them two at a time.
 test-ascend-parts: test-ascend-suite test-vllm-pooling-ascend test-vllm-ascend
 
 test-ascend:
