@@ -21,6 +21,9 @@ Workloads (issue 44):
   template, one score call;
 - (c) `prefix-256`: bench_embed's shared-prefix scenario (a ~256-token instruction before
   queries of 8-64 tokens, calls of 16, 32 queries per pass).
+`--workloads a,c` (bench_embed) runs only the named ones; `--shared-prefix-sides` only the
+named sides, with the plugin and plugin-noshare always among them (every ratio is the
+plugin's, every side's outputs are checked against plugin-noshare's).
 Every pass uses new queries (and documents); the instruction is the same in every pass, as a
 deployment's is, and the warm-up runs it first, so stock's prefix cache holds its blocks.
 
@@ -68,7 +71,32 @@ def sides(side_cls, ours: dict, stock: dict, device: str) -> list:
     ]
 
 
-def embed_scenarios(repeats: int) -> list[dict]:
+def chosen_sides(side_list: list, wanted: list[str] | None) -> list:
+    """`side_list` limited to the names in `wanted` (all where None or empty), the plugin and
+    plugin-noshare always kept (module docstring)."""
+    known = [side.name for side in side_list]
+    unknown = sorted(set(wanted or ()) - set(known))
+    if unknown:
+        raise SystemExit(f"--shared-prefix-sides: unknown {unknown}, known {known}")
+    keep = set(wanted or known) | set(known[:2])
+    return [side for side in side_list if side.name in keep]
+
+
+# bench_embed's `--workloads` letters (issue 44's) and the scenario each names.
+EMBED_WORKLOADS = {"a": "model-card", "c": "prefix-256"}
+
+
+def embed_scenarios(repeats: int, workloads: str = "a,c") -> list[dict]:
+    """The embedding workloads named by `workloads` (letters of `EMBED_WORKLOADS`)."""
+    letters = [letter for letter in workloads.split(",") if letter]
+    if not letters or set(letters) - set(EMBED_WORKLOADS):
+        raise SystemExit(f"--workloads: expected letters of {sorted(EMBED_WORKLOADS)} joined by "
+                         f"commas, got {workloads!r}")  # fmt: skip
+    names = {EMBED_WORKLOADS[letter] for letter in letters}
+    return [scenario for scenario in _embed_scenarios(repeats) if scenario["name"] in names]
+
+
+def _embed_scenarios(repeats: int) -> list[dict]:
     base = {"repeats": repeats, "keep_outputs": True, "min_tokens": 8}
     return [
         {**base, "name": "model-card", "kind": "model_card", "batch_sizes": [64],
@@ -190,6 +218,7 @@ def execute(args, model: Path, worker: Path, bench_cls, scenarios: list[dict], s
     catalogue = side_catalogue()
     side_list = sides(type(catalogue["plugin"]), {"VLLM_PLUGINS": vllm_plugins(True)},
                       {"VLLM_PLUGINS": vllm_plugins(False)}, args.device)  # fmt: skip
+    side_list = chosen_sides(side_list, args.shared_prefix_sides)
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="shared_prefix."))
     work_dir.mkdir(parents=True, exist_ok=True)
     bench = bench_cls(args, model, work_dir, worker)

@@ -162,6 +162,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="instead: the shared-prefix workloads (a) and (c), plugin with "
                         "and without sharing against stock at block sizes 128 and 16 "
                         "(_shared_prefix_bench.py)")  # fmt: skip
+    parser.add_argument("--workloads", default="a,c",
+                        help="with --shared-prefix: which of (a) and (c) to run (default a,c)")
     add_run_arguments(parser)
     args = parser.parse_args(argv)
     _fill_defaults(args)
@@ -182,6 +184,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=3600,
                         help="seconds to wait for a start-up or a pass")  # fmt: skip
     parser.add_argument("--json-out", type=Path, help="also write the JSON result here")
+    parser.add_argument("--shared-prefix-sides", type=lambda s: [n for n in s.split(",") if n],
+                        help="with --shared-prefix: only these sides (plugin and "
+                        "plugin-noshare always run; default: all four)")  # fmt: skip
 
 
 def positive_ints(text: str) -> list[int]:
@@ -313,7 +318,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     model = args.model or default_model(args.quick)
     if args.shared_prefix:
-        scenarios = shared_prefix_bench.embed_scenarios(args.repeats)
+        scenarios = shared_prefix_bench.embed_scenarios(args.repeats, args.workloads)
         return shared_prefix_bench.execute(args, model, WORKER, Bench, scenarios, scores=False,
                                            bound=MIN_COSINE_VS_HF[args.dtype])  # fmt: skip
     oracle = OracleCheck("min_cosine_vs_hf", "min cosine to hf", MIN_COSINE_VS_HF, at_least=True)

@@ -56,3 +56,22 @@ def test_a_side_off_the_plugin_without_sharing_withholds_every_ratio():
 def test_the_small_block_side_is_the_smallest_each_platform_takes():
     assert shared.side_names("cpu")[3] == "stock-bs32"  # vLLM's CPU attention: multiples of 32
     assert shared.side_names("npu")[3] == "stock-bs16"
+
+
+def _named(name: str) -> argparse.Namespace:
+    return argparse.Namespace(name=name)
+
+
+def test_a_chosen_side_runs_with_the_plugin_and_its_reference():
+    side_list = [_named(name) for name in NAMES]
+    assert [s.name for s in shared.chosen_sides(side_list, ["stock"])] == list(NAMES[:3])
+    assert [s.name for s in shared.chosen_sides(side_list, None)] == list(NAMES)
+    with pytest.raises(SystemExit, match="unknown \\['stok'\\]"):
+        shared.chosen_sides(side_list, ["stok"])
+
+
+def test_workloads_name_the_scenarios_by_the_issues_letters():
+    assert [s["name"] for s in shared.embed_scenarios(2, "c")] == ["prefix-256"]
+    assert [s["name"] for s in shared.embed_scenarios(2)] == ["model-card", "prefix-256"]
+    with pytest.raises(SystemExit, match="--workloads"):
+        shared.embed_scenarios(2, "b")
