@@ -6,6 +6,14 @@ import os
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parents[1]
+# vLLM takes its distributed and ZMQ ports as free ephemeral ones (vLLM 0.23.0
+# `network_utils._get_open_port`: bound to test, closed, bound again later), so processes that
+# start together can take the same one (EADDRINUSE from TCPStore). With VLLM_PORT set, each scans
+# upward from it instead: processes started together each get a block of their own, below
+# Linux's ephemeral range (32768-60999), where no outgoing connection takes a port.
+# test_cp_decode_engines.py uses 21000-22999.
+VLLM_PORT_BLOCKS = {"serving": 24000, "shared_prefix": 26000}
+VLLM_PORT_STRIDE = 100
 
 
 def vllm_ascend_site() -> Path:
@@ -16,6 +24,11 @@ def vllm_ascend_site() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError("vllm_ascend is not importable; run `make setup-ascend`")
     return Path(next(iter(spec.submodule_search_locations))).resolve().parent
+
+
+def vllm_port(block: str, index: int) -> str:
+    """VLLM_PORT for the `index`-th process of `block` started together (`VLLM_PORT_BLOCKS`)."""
+    return str(VLLM_PORT_BLOCKS[block] + VLLM_PORT_STRIDE * index)
 
 
 def subprocess_env(site: Path | None = None, **extra: str) -> dict[str, str]:

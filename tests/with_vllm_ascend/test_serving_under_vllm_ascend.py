@@ -23,6 +23,7 @@ the stand-in's host-backed `npu` device (`VLLM_NPU_EXT_EMULATE=1 vllm-npu-ext se
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -37,7 +38,7 @@ from support.loadgen import embed_batch, served_model
 from support.rerank_oracle import hf_rerank_scores
 from support.rerank_servers import DOCUMENTS, QUERY, rerank_scores
 from support.server import DIE_WITH_PARENT, TEST_SERVER_FLAGS, Server
-from support.vllm_ascend_env import TESTS, server_env, subprocess_env
+from support.vllm_ascend_env import TESTS, server_env, subprocess_env, vllm_port
 
 from vllm_npu_ext.selfcheck.tolerances import min_embedding_cosine
 
@@ -57,11 +58,13 @@ class Started:
         try:
             tp2 = [str(tiny_model_dir), "--enforce-eager", "--tensor-parallel-size", "2",
                    *TEST_SERVER_FLAGS]  # fmt: skip
-            self.servers["tp2"] = Server(tp2, root / "tp2.log", server_env())
+            ports = (vllm_port("serving", index) for index in itertools.count())
+            self.servers["tp2"] = Server(tp2, root / "tp2.log", server_env(VLLM_PORT=next(ports)))
             # The reranker serves in default graph mode (ACL graphs on the stand-in's NPUGraph).
             reranker = [str(self.reranker_dir), "--reranker", "--dtype", "float32",
                         "--max-model-len", "512"]  # fmt: skip
-            self.servers["reranker"] = Server(reranker, root / "reranker.log", server_env())
+            self.servers["reranker"] = Server(reranker, root / "reranker.log",
+                                              server_env(VLLM_PORT=next(ports)))
             # Stock vllm-ascend and our model side by side on one bf16 checkpoint of the
             # shapes stock's attention takes (STOCK_CHECKPOINT in the engine script).
             engine = engine_module()
@@ -85,6 +88,7 @@ class Started:
                      ("--engine-args", json.dumps({"enforce_eager": False})), {}))  # fmt: skip
             for name, model_dir, flags, env in runs:
                 out, log = root / f"{name}.json", root / f"{name}.log"
+                env = {**env, "VLLM_PORT": next(ports)}
                 self.engines[name] = (out, log, start_engine(model_dir, out, log, *flags, **env))
         except BaseException:
             self.stop()

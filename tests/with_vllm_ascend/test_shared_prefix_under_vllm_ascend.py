@@ -23,7 +23,7 @@ import pytest
 import torch
 from support.hf_oracle import cosines, hf_embeddings
 from support.server import DIE_WITH_PARENT
-from support.vllm_ascend_env import TESTS, subprocess_env
+from support.vllm_ascend_env import TESTS, subprocess_env, vllm_port
 
 from vllm_npu_ext.selfcheck.tolerances import min_embedding_cosine
 
@@ -74,8 +74,9 @@ def runs(vllm_ascend_started, tmp_path_factory):
     }  # fmt: skip
     processes = {}
     try:
-        for name, (directory, flags, env) in plan.items():
+        for index, (name, (directory, flags, env)) in enumerate(plan.items()):
             out, log = root / f"{name}.json", root / f"{name}.log"
+            env = {**env, "VLLM_PORT": vllm_port("shared_prefix", index)}
             processes[name] = (out, log, start_engine(directory, out, log, *flags, **env))
         results = {}
         for name, (out, log, process) in processes.items():
