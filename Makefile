@@ -57,11 +57,12 @@ serve: setup
 	$(VENV)/bin/vllm-npu-ext serve $(ARGS)
 
 # The whole suite on both stacks, every part two at a time (docs/development.md, "Timings",
-# has the figures: the run is bound by CPU time, so this saves only the engines' waits): vLLM 0.32
-# (.venv) beside the installation of .venv-ascend (mostly download and unpacking; its output
-# goes to .venv-ascend-setup.log, shown if it fails); then, as a slot frees, vLLM 0.23 with
-# vllm-ascend's Python package (.venv-ascend), vLLM 0.23's own pooling tests and vllm-ascend's
-# own code (tests/with_vllm_ascend). Each part's output is printed whole when it ends.
+# has the figures): vLLM 0.32 (.venv) beside the installation of .venv-ascend (mostly download
+# and unpacking; its output goes to .venv-ascend-setup.log, shown if it fails); then, as a slot
+# frees, vLLM 0.23's own pooling tests, vLLM 0.23 with vllm-ascend's Python package
+# (.venv-ascend) and vllm-ascend's own code (tests/with_vllm_ascend). The run is bound by CPU
+# time; the pooling tests start one server at a time, so they go early, beside a part that
+# keeps both cores busy, not last and alone. Each part's output is printed whole when it ends.
 test: lint
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-main test-ascend-parts
 
@@ -69,14 +70,22 @@ setup-ascend-logged:
 	@$(MAKE) --no-print-directory setup-ascend > $(ASCEND_VENV)-setup.log 2>&1 \
 		|| { cat $(ASCEND_VENV)-setup.log; exit 1; }
 
-test-main: setup
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+# Tests of code that never touches vLLM (our operators, the torch_npu stand-in, our CANN
+# operator's host build) run on one stack, .venv-ascend's (torch 2.11, the nearest to
+# vllm-ascend 0.23's 2.10); the stand-in's npu device depends on torch's PrivateUse1 API and
+# its tests (tests/emulator/test_npu_device.py) run on both.
+ONE_STACK_TESTS := tests/ops tests/cann_ops \
+	$(filter-out tests/emulator/test_npu_device.py,$(wildcard tests/emulator/test_*.py))
 
-# The three parts on .venv-ascend, the longest (the suite) first: the suite on vLLM 0.23's CPU
-# platform, vLLM 0.23's own pooling tests, and vllm-ascend's own code with vllm-ascend on the
-# path and the torch_npu stand-in installed by our platform plugin (VLLM_NPU_EXT_EMULATE=1)
-# before vLLM resolves vllm-ascend's NPUPlatform. `make test-ascend` runs them two at a time.
-test-ascend-parts: test-ascend-suite test-vllm-pooling-ascend test-vllm-ascend
+test-main: setup
+	$(PY) -m pytest -q $(addprefix --ignore=,$(ONE_STACK_TESTS)) $(PYTEST_ARGS)
+
+# The three parts on .venv-ascend, the one that starts a server at a time first (see `test`):
+# vLLM 0.23's own pooling tests, the suite on vLLM 0.23's CPU platform, and vllm-ascend's own
+# code with vllm-ascend on the path and the torch_npu stand-in installed by our platform plugin
+# (VLLM_NPU_EXT_EMULATE=1) before vLLM resolves vllm-ascend's NPUPlatform. `make test-ascend`
+# runs them two at a time.
+test-ascend-parts: test-vllm-pooling-ascend test-ascend-suite test-vllm-ascend
 
 test-ascend:
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-ascend-parts
