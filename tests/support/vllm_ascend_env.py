@@ -11,8 +11,7 @@ TESTS = Path(__file__).resolve().parents[1]
 # start together can take the same one (EADDRINUSE from TCPStore). With VLLM_PORT set, each scans
 # upward from it instead: processes started together each get a block of their own, below
 # Linux's ephemeral range (32768-60999), where no outgoing connection takes a port.
-# test_cp_decode_engines.py uses 21000-22999.
-VLLM_PORT_BLOCKS = {"serving": 24000, "shared_prefix": 26000}
+VLLM_PORT_BLOCKS = {"cp_decode": 21000, "serving": 24000, "shared_prefix": 26000}
 VLLM_PORT_STRIDE = 100
 
 

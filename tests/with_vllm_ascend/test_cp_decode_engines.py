@@ -67,7 +67,7 @@ from support.cp_decode import (
     start_engine,
 )
 from support.server import Server
-from support.vllm_ascend_env import server_env
+from support.vllm_ascend_env import server_env, vllm_port
 
 MERGES = ("ours", "vllm-ascend")
 # Requests that leave a rank without keys, at cp_kv_cache_interleave_size 16: DCP rank 1 holds
@@ -128,8 +128,6 @@ SERVERS = {"tp2": ["-tp", "2", "--runner", "generate"],
 # not PCP, whose workers are named by their PCP rank)
 CP_SERVERS = {"dcp2 default (server)": ("tp2", "decode_context_parallel_size=2"),
               "pcp2 default (server)": ("tp1", "(Worker_PCP1 pid=")}
-# Distinct port ranges for processes that run at once (`support.cp_decode.start_engine`).
-PORT_BASE, PORT_STRIDE = 21000, 100
 CP_RUNS = {**{n: s[0] for n, s in CP_SERVERS.items()},
            **{n: e[1] for n, e in ENGINES.items() if e[1]}}
 EAGER_RUNS = [name for name in CP_RUNS if "eager" in name]
@@ -167,7 +165,7 @@ class Runs:
 
     def _engine(self, name):
         engine_args, _, flags, env, merges = ENGINES[name]
-        env = {**env, "VLLM_PORT": str(PORT_BASE + PORT_STRIDE * (2 + list(ENGINES).index(name)))}
+        env = {**env, "VLLM_PORT": vllm_port("cp_decode", 2 + list(ENGINES).index(name))}
         began = time.monotonic()
         merges = ("--merges", ",".join(merges)) if merges else ()
         token_ids = self.short_ids if "interleave" in name else self.token_ids
@@ -184,8 +182,7 @@ class Runs:
         flags = [str(self.model_dir), *SERVER_TEST_FLAGS, "--chat-template", str(self.template)]
         for index, (name, args) in enumerate(SERVERS.items()):
             began = time.monotonic()
-            port = str(PORT_BASE + PORT_STRIDE * index)
-            env = server_env(VLLM_SERVER_DEV_MODE="1", VLLM_PORT=port,
+            env = server_env(VLLM_SERVER_DEV_MODE="1", VLLM_PORT=vllm_port("cp_decode", index),
                              VLLM_NPU_EXT_EMULATE_DEVICE_MIB=SERVER_DEVICE_MIB)  # fmt: skip
             server = Server([*flags, *args], self.root / f"{name.split()[0]}.log", env)
             try:
