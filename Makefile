@@ -8,6 +8,11 @@ EXTRAS ?= cpu,test
 comma := ,
 STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
+# Each part's wall time (scripts/test_times.py, a table at the end of `make test`) and its ten
+# slowest tests and fixture set-ups (pytest --durations), in CI's output.
+TEST_TIMES := $(PYTHON) scripts/test_times.py
+DURATIONS ?= --durations=10
+
 .PHONY: setup setup-ascend setup-ascend-logged serve test test-main test-ascend test-ascend-parts test-ascend-suite test-vllm-ascend lint bench-quick clean ascend test-vllm-pooling test-vllm-pooling-ascend
 
 setup: $(STAMP)
@@ -46,29 +51,35 @@ $(ASCEND_STAMP): setup.py requirements/vllm-0.23-cpu.txt requirements/vllm-ascen
 # PyPI's torchvision/torchaudio/torchcodec are built against the CUDA torch and break
 # transformers' model imports next to the CPU torch; vLLM's text path needs none of them.
 $(STAMP): setup.py
+	@$(TEST_TIMES) start setup
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"
 	$(PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec || true
 	$(PY) -m vllm_npu_ext.emulator.device.host_npu
 	touch $@
+	@$(TEST_TIMES) end setup
 
 serve: setup
 	$(VENV)/bin/vllm-npu-ext serve $(ARGS)
 
 # The whole suite on both stacks, every part two at a time (docs/development.md, "Timings",
-# has the figures): vLLM 0.32 (.venv) beside the installation of .venv-ascend (mostly download
-# and unpacking; its output goes to .venv-ascend-setup.log, shown if it fails); then, as a slot
-# frees, vLLM 0.23's own pooling tests, vLLM 0.23 with vllm-ascend's Python package
-# (.venv-ascend) and vllm-ascend's own code (tests/with_vllm_ascend). The run is bound by CPU
-# time; the pooling tests start one server at a time, so they go early, beside a part that
-# keeps both cores busy, not last and alone. Each part's output is printed whole when it ends.
-test: lint
-	$(MAKE) --no-print-directory -j2 --output-sync=target test-main test-ascend-parts
+# has the figures): the installations of .venv and .venv-ascend side by side (the latter's
+# output goes to .venv-ascend-setup.log, shown if it fails), then lint and vLLM 0.32's suite
+# (.venv) beside, as slots free, vLLM 0.23's suite with vllm-ascend's Python package
+# (.venv-ascend), vLLM 0.23's own pooling tests and vllm-ascend's own code
+# (tests/with_vllm_ascend). The run is bound by CPU time: the longest part starts first, and
+# the last is one that keeps both cores busy alone (two engines at a time), not the pooling
+# tests, which start one server at a time. Each part's output is printed whole when it ends,
+# with its wall time; a table of all of them ends the run.
+test:
+	@$(TEST_TIMES) reset
+	@$(MAKE) --no-print-directory -j2 --output-sync=target lint test-main test-ascend-parts; \
+		status=$$?; $(TEST_TIMES) summary; exit $$status
 
 setup-ascend-logged:
-	@$(MAKE) --no-print-directory setup-ascend > $(ASCEND_VENV)-setup.log 2>&1 \
-		|| { cat $(ASCEND_VENV)-setup.log; exit 1; }
+	@$(TEST_TIMES) run setup-ascend -- $(MAKE) --no-print-directory setup-ascend \
+		> $(ASCEND_VENV)-setup.log 2>&1 || { cat $(ASCEND_VENV)-setup.log; exit 1; }
 
 # Tests of code that never touches vLLM (our operators, the torch_npu stand-in, our CANN
 # operator's host build) run on one stack, .venv-ascend's (torch 2.11, the nearest to
@@ -78,14 +89,14 @@ ONE_STACK_TESTS := tests/ops tests/cann_ops \
 	$(filter-out tests/emulator/test_npu_device.py,$(wildcard tests/emulator/test_*.py))
 
 test-main: setup
-	$(PY) -m pytest -q $(addprefix --ignore=,$(ONE_STACK_TESTS)) $(PYTEST_ARGS)
+	@$(TEST_TIMES) run test-main -- $(PY) -m pytest -q \
+		$(addprefix --ignore=,$(ONE_STACK_TESTS)) $(DURATIONS) $(PYTEST_ARGS)
 
-# The three parts on .venv-ascend, the one that starts a server at a time first (see `test`):
-# vLLM 0.23's own pooling tests, the suite on vLLM 0.23's CPU platform, and vllm-ascend's own
-# code with vllm-ascend on the path and the torch_npu stand-in installed by our platform plugin
+# The three parts on .venv-ascend, in the order `test` wants them: the suite on vLLM 0.23's CPU
+# platform, vLLM 0.23's own pooling tests, and vllm-ascend's own code with vllm-ascend on the path and the torch_npu stand-in installed by our platform plugin
 # (VLLM_NPU_EXT_EMULATE=1) before vLLM resolves vllm-ascend's NPUPlatform. `make test-ascend`
 # runs them two at a time.
-test-ascend-parts: test-vllm-pooling-ascend test-ascend-suite test-vllm-ascend
+test-ascend-parts: test-ascend-suite test-vllm-pooling-ascend test-vllm-ascend
 
 test-ascend:
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-ascend-parts
@@ -93,7 +104,7 @@ test-ascend:
 test-ascend-suite test-vllm-pooling-ascend test-vllm-ascend: setup-ascend-logged
 
 test-ascend-suite:
-	$(ASCEND_PY) -m pytest -q $(PYTEST_ARGS)
+	@$(TEST_TIMES) run test-ascend-suite -- $(ASCEND_PY) -m pytest -q $(DURATIONS) $(PYTEST_ARGS)
 
 # vLLM's own tests/entrypoints/pooling of each stack's vLLM release, from its sha256-pinned
 # source distribution, against vllm-npu-ext serve (only the server launcher is ours; stated
@@ -102,11 +113,12 @@ test-vllm-pooling: setup
 	$(PY) tests/vllm_pooling/run.py $(VLLM_POOLING_ARGS)
 
 test-vllm-pooling-ascend:
-	$(ASCEND_PY) tests/vllm_pooling/run.py $(VLLM_POOLING_ARGS)
+	@$(TEST_TIMES) run test-vllm-pooling-ascend -- $(ASCEND_PY) tests/vllm_pooling/run.py \
+		$(DURATIONS) $(VLLM_POOLING_ARGS)
 
 test-vllm-ascend:
-	VLLM_NPU_EXT_EMULATE=1 PYTHONPATH=$(VLLM_ASCEND_SITE) $(ASCEND_PY) -m pytest -q \
-		tests/with_vllm_ascend $(PYTEST_ARGS)
+	@VLLM_NPU_EXT_EMULATE=1 PYTHONPATH=$(VLLM_ASCEND_SITE) $(TEST_TIMES) run test-vllm-ascend -- \
+		$(ASCEND_PY) -m pytest -q tests/with_vllm_ascend $(DURATIONS) $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .
