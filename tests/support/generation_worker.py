@@ -35,6 +35,13 @@ def main() -> None:
     args = parser.parse_args()
 
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if not args.compile:
+        # An eager engine compiles nothing of the model, but vLLM 0.23's CPU sampler compiles
+        # its `compiled_random_sample` (`@torch.compile`, vllm/v1/sample/ops/topk_topp_sampler.py,
+        # `TopKTopPSampler.forward_cpu`) in the warm-up's dummy sampler run: 55 s of Inductor
+        # and g++ per engine on 2 cores, for a CPU-only helper greedy decoding never calls
+        # (vllm-ascend samples with its own sampler). Without torch.compile it runs eagerly.
+        os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
     if args.emulate:
         from vllm_npu_ext import emulator
 
