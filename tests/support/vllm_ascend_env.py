@@ -13,6 +13,14 @@ TESTS = Path(__file__).resolve().parents[1]
 # Linux's ephemeral range (32768-60999), where no outgoing connection takes a port.
 VLLM_PORT_BLOCKS = {"cp_decode": 21000, "serving": 24000, "shared_prefix": 26000}
 VLLM_PORT_STRIDE = 100
+# ACL graph capture sizes of the test engines in graph mode whose point is not vLLM's default
+# list: powers of two up to the default list's largest (256 for pooling engines, vllm-ascend
+# 0.23.0.post1 `NPUPlatform` capping it at max_num_seqs), 9 sizes where the default has 35.
+# Every size a test replays is in it or below its largest: the parity texts in one step (67
+# tokens) replay 128, each alone 2-32, a reranker pair (211) 256, a shared-prefix step's unique
+# rows (114) 128. Capturing the default list took 65-113 s per engine on the stand-in.
+TEST_CAPTURE_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+TEST_COMPILATION = {"cudagraph_capture_sizes": TEST_CAPTURE_SIZES}
 
 
 def vllm_ascend_site() -> Path:

@@ -38,7 +38,14 @@ from support.loadgen import embed_batch, served_model
 from support.rerank_oracle import hf_rerank_scores
 from support.rerank_servers import DOCUMENTS, QUERY, rerank_scores
 from support.server import DIE_WITH_PARENT, TEST_SERVER_FLAGS, Server
-from support.vllm_ascend_env import TESTS, server_env, subprocess_env, vllm_port
+from support.vllm_ascend_env import (
+    TEST_CAPTURE_SIZES,
+    TEST_COMPILATION,
+    TESTS,
+    server_env,
+    subprocess_env,
+    vllm_port,
+)
 
 from vllm_npu_ext.selfcheck.tolerances import min_embedding_cosine
 
@@ -60,9 +67,11 @@ class Started:
                    *TEST_SERVER_FLAGS]  # fmt: skip
             ports = (vllm_port("serving", index) for index in itertools.count())
             self.servers["tp2"] = Server(tp2, root / "tp2.log", server_env(VLLM_PORT=next(ports)))
-            # The reranker serves in default graph mode (ACL graphs on the stand-in's NPUGraph).
+            # The reranker serves in default graph mode (ACL graphs on the stand-in's NPUGraph),
+            # capturing the tests' sizes (TEST_CAPTURE_SIZES), as do the graph-mode engines.
             reranker = [str(self.reranker_dir), "--reranker", "--dtype", "float32",
-                        "--max-model-len", "512"]  # fmt: skip
+                        "--max-model-len", "512",
+                        "--compilation-config", json.dumps(TEST_COMPILATION)]  # fmt: skip
             self.servers["reranker"] = Server(reranker, root / "reranker.log",
                                               server_env(VLLM_PORT=next(ports)))
             # Stock vllm-ascend and our model side by side on one bf16 checkpoint of the
@@ -71,7 +80,8 @@ class Started:
             self.stock_dir = make_tiny_model(root / "stock-model", **engine.STOCK_CHECKPOINT)
             bf16 = ("--engine-args", json.dumps(engine.STOCK_ENGINE_ARGS))
             bf16_graphs = ("--engine-args", json.dumps(
-                {**engine.STOCK_ENGINE_ARGS, "enforce_eager": False}))  # fmt: skip
+                {**engine.STOCK_ENGINE_ARGS, "enforce_eager": False,
+                 "compilation_config": TEST_COMPILATION}))  # fmt: skip
             split = {"VLLM_NPU_EXT_FULL_GRAPH": "0"}
             # A Qwen3-Reranker of the shapes FIA takes, scored in default graph mode.
             self.reranker_bf16_dir = make_tiny_model(
@@ -85,7 +95,9 @@ class Started:
                     ("piecewise_bf16", self.stock_dir, bf16_graphs, split),
                     ("stock_graph", self.stock_dir, ("--stock", *bf16_graphs), {}),
                     ("graph", tiny_model_dir,
-                     ("--engine-args", json.dumps({"enforce_eager": False})), {}))  # fmt: skip
+                     ("--engine-args", json.dumps({"enforce_eager": False,
+                                                   "compilation_config": TEST_COMPILATION})),
+                     {}))  # fmt: skip
             for name, model_dir, flags, env in runs:
                 out, log = root / f"{name}.json", root / f"{name}.log"
                 env = {**env, "VLLM_PORT": next(ports)}
@@ -198,6 +210,7 @@ def test_the_reranker_matches_the_model_card(reranker_server, path):
     assert worst <= RERANK_MAX_DIFF
     log = reranker_server.log_text()
     assert "device_config=npu" in log and "Graph capturing finished" in log
+    assert f"'cudagraph_capture_sizes': {TEST_CAPTURE_SIZES}" in log
 
 
 def test_the_reranker_replays_acl_graphs_at_parity(reranker_server):
@@ -360,6 +373,7 @@ def test_default_graph_mode_captures_and_replays_vllm_ascends_acl_graphs(graph_e
     pieces = r["layers"] + 1
     assert entry["mode"] == "piecewise" and entry["graph_replays_per_forward"] == pieces
     sizes = entry["capture_sizes"]
+    assert r["capture_sizes"] == TEST_CAPTURE_SIZES  # the tests' list, not the default one
     assert sizes >= 8 and r["graphs"]["captures"] == sizes * pieces
     assert r["graphs"]["replays"] >= 4 * pieces  # warm-up, two embed calls, one per text, ...
     assert entry["kv_cache_tensor_bytes"] == 0

@@ -23,7 +23,7 @@ import pytest
 import torch
 from support.hf_oracle import cosines, hf_embeddings
 from support.server import DIE_WITH_PARENT
-from support.vllm_ascend_env import TESTS, subprocess_env, vllm_port
+from support.vllm_ascend_env import TEST_COMPILATION, TESTS, subprocess_env, vllm_port
 
 from vllm_npu_ext.selfcheck.tolerances import min_embedding_cosine
 
@@ -64,7 +64,8 @@ def runs(vllm_ascend_started, tmp_path_factory):
     model_dir = make_tiny_model(root / "model", **engine.STOCK_CHECKPOINT)
     reranker_dir = make_tiny_model(root / "reranker", preset="reranker",
                                    **engine.STOCK_CHECKPOINT)  # fmt: skip
-    graphs = ("--engine-args", json.dumps({**engine.STOCK_ENGINE_ARGS, "enforce_eager": False}))
+    graphs = ("--engine-args", json.dumps({**engine.STOCK_ENGINE_ARGS, "enforce_eager": False,
+                                           "compilation_config": TEST_COMPILATION}))
     plan = {
         "full": (model_dir, ("--texts", json.dumps(TEXTS), *graphs), {}),
         "piecewise": (model_dir, ("--texts", json.dumps(TEXTS), *graphs),
