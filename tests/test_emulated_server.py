@@ -17,9 +17,11 @@ from support.engines import PARITY_TEXTS
 from support.hf_oracle import MIN_COSINE, cosines, hf_embeddings
 from support.loadgen import embed_alone, embed_batch, served_model
 from support.shutdown import engine_core_processes
+from support.stacks import EMULATED_SERVER
 
 EMULATING = re.compile(r"vllm-npu-ext in pid (\d+): VLLM_NPU_EXT_EMULATE=1")
 NPU_BACKEND = "backend: NPU path (torch_npu emulator on the CPU)"
+pytestmark = EMULATED_SERVER
 
 
 @pytest.fixture(scope="module")

@@ -30,6 +30,11 @@ from support.loadgen import cosine, embed_alone, embed_batch, served_model, word
 from support.server import TEST_SERVER_FLAGS, Server, free_port, running_server
 
 LOOPBACK = "127.0.0.1"
+pytestmark = pytest.mark.one_stack(reason=(
+    "vLLM's multi-node data- and tensor-parallel machinery; what of ours runs in it (the serve "
+    "arguments, server.main's headless branch into vLLM's ServeSubcommand.cmd, the bootstrap, our "
+    "model under TP) is the same code on both versions: on vLLM 0.32, tests/cli (arguments), "
+    "tests/bootstrap (every process of a server) and test_scale_out's NPU-path TP server"))
 
 
 def _data_parallel(port: int) -> tuple[list[str], list[str]]:

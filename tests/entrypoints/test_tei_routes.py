@@ -14,6 +14,7 @@ import httpx
 import pytest
 import torch
 from support.loadgen import embed_batch, served_model
+from support.stacks import EMULATED_SERVER
 from support.tei_openapi import validate
 
 from vllm_npu_ext.tiny_model import QWEN3_EMBEDDING_ST_CONFIG
@@ -261,6 +262,7 @@ def test_llama_index_text_embeddings_inference(embedding_server, embedding_model
                                atol=SAME_ENGINE_ATOL)  # fmt: skip
 
 
+@EMULATED_SERVER
 def test_embed_on_the_emulated_npu_path_equals_v1_embeddings(emulated_embedding_server):
     tei = torch.tensor(_post(emulated_embedding_server, "/embed", {"inputs": TEXTS}).json())
     torch.testing.assert_close(tei, _openai(emulated_embedding_server, TEXTS), rtol=0,

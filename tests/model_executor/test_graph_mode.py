@@ -17,6 +17,7 @@ import pytest
 import torch
 from support.engines import COMPILED_RUNS, ENGINE_CONFIGS, PARITY_TEXTS
 from support.hf_oracle import cosines, hf_embeddings
+from support.stacks import EMULATED_SERVER
 
 from vllm_npu_ext.model_executor.layers.cache_free import op as cache_free_op
 from vllm_npu_ext.model_executor.models import qwen3_config
@@ -279,6 +280,7 @@ def test_forced_full_graph_mode_starts_with_piecewise_fallback(engine_runs):
     assert "cudagraph_mode FULL_AND_PIECEWISE would capture cache-free attention" in run["log"]
 
 
+@EMULATED_SERVER
 def test_http_server_serves_the_compiled_npu_path(emulated_embedding_server, tiny_model_dir):
     server = emulated_embedding_server
     model = httpx.get(f"{server.base_url}/v1/models", timeout=30).json()["data"][0]["id"]
