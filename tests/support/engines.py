@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from support import model_info_cache
 from support.server import DIE_WITH_PARENT, KV_CACHE_BYTES
 from vllm_npu_ext.selfcheck.tolerances import min_embedding_cosine
 from vllm_npu_ext.tiny_model import corpus, make_tiny_model
@@ -103,6 +104,7 @@ class WorkerPool:
     def submit(self, name: str, script: str, args: list[str], out: Path, env=None) -> None:
         """Start `tests/support/<script> ARGS --out OUT` under `name` (once per name)."""
         if name not in self._futures:
+            model_info_cache.warm()
             self._futures[name] = self._executor.submit(self._run, script, args, out, env)
 
     def result(self, name: str) -> dict:

@@ -89,6 +89,9 @@ class Server:
         self.log_path = log_path
         launcher = launcher or [console_script(), "serve"]
         self.args = [*launcher, *args, "--host", "127.0.0.1", "--port", str(self.port)]
+        from support import model_info_cache  # test process only (workers import this file)
+
+        model_info_cache.warm()
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
             self.args, stdout=self._log, stderr=subprocess.STDOUT,

@@ -43,6 +43,9 @@ def subprocess_env(site: Path | None = None, **extra: str) -> dict[str, str]:
     (default: where this process imports it; first on PYTHONPATH) and the tests' support
     modules, under the stand-in (VLLM_NPU_EXT_EMULATE=1; what vllm-ascend's graph mode needs
     on this torch, the stand-in sets itself: `emulator/torch_fit.py`)."""
+    from support import model_info_cache  # test process only
+
+    model_info_cache.warm()
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(site or vllm_ascend_site()), str(TESTS)])
     env["VLLM_NPU_EXT_EMULATE"] = "1"
