@@ -318,8 +318,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     model = args.model or default_model(args.quick)
     if args.shared_prefix:
-        scenarios = shared_prefix_bench.embed_scenarios(args.repeats, args.workloads)
-        return shared_prefix_bench.execute(args, model, WORKER, Bench, scenarios, scores=False,
+        workloads = shared_prefix_bench.embed_scenarios(args.repeats, args.workloads)
+        return shared_prefix_bench.execute(args, model, WORKER, Bench, workloads, scores=False,
                                            bound=MIN_COSINE_VS_HF[args.dtype])  # fmt: skip
     oracle = OracleCheck("min_cosine_vs_hf", "min cosine to hf", MIN_COSINE_VS_HF, at_least=True)
     return execute(args, model, WORKER, lambda bench: run(bench, args.sides, scenarios(args)),

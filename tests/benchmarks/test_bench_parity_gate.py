@@ -159,3 +159,15 @@ def test_a_side_is_refused_when_the_plugin_ran_where_it_should_not_or_did_not_wh
             bench_embed.check_side(side, ready)
     else:
         bench_embed.check_side(side, ready)
+
+
+def test_a_plain_run_reaches_its_scenarios(monkeypatch, tmp_path):
+    """`bench_embed.py --quick` (make bench-quick) passes its scenarios to the run: a local name
+    in `main` once shadowed the module's `scenarios` (NameError before any engine started)."""
+    seen = {}
+    monkeypatch.setattr(bench_embed, "execute",
+                        lambda args, model, worker, body, *rest: body("bench"))  # fmt: skip
+    monkeypatch.setattr(bench_embed, "run",
+                        lambda bench, sides, scenarios: seen.setdefault("names", list(scenarios)))
+    bench_embed.main(["--quick", "--model", str(tmp_path)])
+    assert seen["names"], seen
