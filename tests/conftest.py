@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
+from support.compile_env import INDUCTOR_ENV
 from support.engines import ENGINE_CONFIGS, EngineRuns, WorkerPool
 
 from vllm_npu_ext import envs
@@ -107,6 +108,9 @@ def session_compile_caches(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         for variable in set(COMPILE_CACHE_VARIABLES) - USER_COMPILE_CACHES:
             patch.setenv(variable, str(tmp_path_factory.mktemp(variable.lower())))
+        for variable, value in INDUCTOR_ENV.items():  # support/compile_env.py says why
+            if variable not in os.environ:
+                patch.setenv(variable, value)
         yield {variable: Path(os.environ[variable]) for variable in COMPILE_CACHE_VARIABLES}
 
 
