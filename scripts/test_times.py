@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Wall time of each part of `make test`, recorded as the parts run and printed as one table.
+"""Wall and CPU time of each part of `make test`, recorded as the parts run, printed as one table.
 
     python scripts/test_times.py reset                 # a new run: forget the last one's parts
     python scripts/test_times.py run NAME -- CMD ...   # run CMD as part NAME, record its time
@@ -8,13 +8,17 @@
     python scripts/test_times.py summary               # the table: start, wall time, result
 
 The records live in `.test-times/` at the repository's root (one JSON file per part), so parts
-that make runs side by side, each in its own shell, write without sharing a file. Standard
-library only: it runs before any virtual environment exists.
+that make runs side by side, each in its own shell, write without sharing a file. A part run
+with `run` also records the CPU time (user + system) of its command and every descendant the
+command waited for: the run is bound by the machine's cores, so a part's CPU time, not its wall
+time beside another part, is what it costs. Standard library only: it runs before any virtual
+environment exists.
 """
 
 from __future__ import annotations
 
 import json
+import resource
 import shutil
 import subprocess
 import sys
@@ -36,13 +40,15 @@ def start(name: str) -> None:
     _write(name, {"name": name, "started": time.time()})
 
 
-def end(name: str, returncode: int = 0) -> float:
+def end(name: str, returncode: int = 0, cpu_seconds: float | None = None) -> float:
     record = _read(name) or {"name": name, "started": time.time()}
-    record.update(ended=time.time(), returncode=returncode)
+    record.update(ended=time.time(), returncode=returncode, cpu_seconds=cpu_seconds)
     _write(name, record)
     seconds = record["ended"] - record["started"]
     result = "passed" if returncode == 0 else f"FAILED (exit {returncode})"
-    print(f"== part {name}: {seconds:.0f} s wall ({seconds / 60:.1f} min), {result}", flush=True)
+    cpu = "" if cpu_seconds is None else f", {cpu_seconds / 60:.1f} CPU-min"
+    print(f"== part {name}: {seconds:.0f} s wall ({seconds / 60:.1f} min{cpu}), {result}",
+          flush=True)  # fmt: skip
     return seconds
 
 
@@ -50,9 +56,15 @@ def run(name: str, command: list[str]) -> int:
     if not command:
         raise SystemExit("run NAME -- COMMAND: no command given")
     start(name)
+    before = _children_cpu_seconds()
     returncode = subprocess.call(command)
-    end(name, returncode)
+    end(name, returncode, _children_cpu_seconds() - before)
     return returncode
+
+
+def _children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def summary() -> str:
@@ -64,16 +76,18 @@ def summary() -> str:
                      key=lambda r: r["started"])  # fmt: skip
     began = float(began_file.read_text()) if began_file.exists() else (
         records[0]["started"] if records else time.time())  # fmt: skip
-    lines = ["", "== make test: wall time per part (minutes from the start, minutes taken)",
-             f"{'part':<28} {'started':>8} {'took':>8}  result"]  # fmt: skip
+    lines = ["", "== make test, per part: minutes from the start, wall minutes, CPU minutes",
+             f"{'part':<28} {'started':>8} {'took':>8} {'CPU':>8}  result"]  # fmt: skip
     for record in records:
         started = (record["started"] - began) / 60
+        cpu = record.get("cpu_seconds")
+        cpu = f"{cpu / 60:8.1f}" if cpu is not None else f"{'-':>8}"
         if "ended" in record:
             took = f"{(record['ended'] - record['started']) / 60:8.1f}"
             result = "passed" if record["returncode"] == 0 else f"FAILED ({record['returncode']})"
         else:
             took, result = f"{'-':>8}", "did not finish"
-        lines.append(f"{record['name']:<28} {started:8.1f} {took}  {result}")
+        lines.append(f"{record['name']:<28} {started:8.1f} {took} {cpu}  {result}")
     lines.append(f"{'whole run':<28} {0:8.1f} {(time.time() - began) / 60:8.1f}")
     return "\n".join(lines)
 

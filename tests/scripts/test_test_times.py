@@ -34,6 +34,15 @@ def test_the_table_lists_every_part_in_start_order_with_its_result(times):
     assert rows == ["setup", "second", "unfinished", "whole"]
     assert table[3].endswith("passed") and table[4].endswith("FAILED (1)")
     assert table[5].endswith("did not finish")
+    assert table[3].split()[3] == "-" and float(table[4].split()[3]) >= 0  # CPU: `run` only
+
+
+def test_a_parts_cpu_time_counts_its_commands_children(times, capsys):
+    busy = "import time; end = time.process_time() + 0.3\nwhile time.process_time() < end: pass"
+    child = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {busy!r}])"
+    times.run("busy", [sys.executable, "-c", child])
+    record = times._read("busy")
+    assert record["cpu_seconds"] >= 0.3, record
 
 
 def test_reset_forgets_the_last_runs_parts(times):
