@@ -12,6 +12,10 @@ STAMP := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 # slowest tests and fixture set-ups (pytest --durations), in CI's output.
 TEST_TIMES := $(PYTHON) scripts/test_times.py
 DURATIONS ?= --durations=10
+# The test processes' OpenMP threads wait passively (the processes they start get it from the
+# suite: tests/support/child_env.py says why); `serve` and the benchmarks keep the default.
+TEST_PARTS := test-main test-ascend-suite test-vllm-pooling test-vllm-pooling-ascend test-vllm-ascend
+$(TEST_PARTS): export OMP_WAIT_POLICY ?= PASSIVE
 
 .PHONY: setup setup-ascend setup-ascend-logged serve test test-main test-ascend test-ascend-parts test-ascend-suite test-vllm-ascend lint bench-quick clean ascend test-vllm-pooling test-vllm-pooling-ascend
 

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
-from support.compile_env import INDUCTOR_ENV
+from support.child_env import CHILD_ENV
 from support.engines import ENGINE_CONFIGS, EngineRuns, WorkerPool
 
 from vllm_npu_ext import envs
@@ -101,14 +101,15 @@ def host_kernel_cache(tmp_path_factory):
 @pytest.fixture(scope="session", autouse=True)
 def session_compile_caches(tmp_path_factory):
     """vLLM's and Inductor's caches in the session's tmp directory (unless the user set them
-    before pytest started), shared with the subprocesses tests start. Caches that outlive a
+    before pytest started), shared with the subprocesses tests start, which also get
+    `CHILD_ENV` (support/child_env.py). Caches that outlive a
     session made outcomes depend on earlier runs: Inductor's cache written under the CPU's
     own kernels, reused with ATEN_CPU_CAPABILITY=avx2, gave NaN embeddings in
     tests/model_executor/test_graph_mode.py (vLLM 0.32, torch 2.11), where a fresh one passes."""
     with pytest.MonkeyPatch.context() as patch:
         for variable in set(COMPILE_CACHE_VARIABLES) - USER_COMPILE_CACHES:
             patch.setenv(variable, str(tmp_path_factory.mktemp(variable.lower())))
-        for variable, value in INDUCTOR_ENV.items():  # support/compile_env.py says why
+        for variable, value in CHILD_ENV.items():  # support/child_env.py says why
             if variable not in os.environ:
                 patch.setenv(variable, value)
         yield {variable: Path(os.environ[variable]) for variable in COMPILE_CACHE_VARIABLES}

@@ -13,9 +13,9 @@ against `vllm-npu-ext serve`.
    (models.py).
 4. Runs pytest on `tests/entrypoints/pooling` with `launcher.py` as a plugin: the server
    launcher is `vllm-npu-ext serve` and the stated skips (skips.py) apply. Servers are the
-   tests' own module fixtures, as vLLM shares them. Inductor takes the vector ISAs the CPU
-   claims without building a probe for each in every compiling process
-   (`TORCHINDUCTOR_VEC_ISA_OK=1` unless set: tests/support/compile_env.py says why).
+   tests' own module fixtures, as vLLM shares them. Every process gets the test suite's
+   `CHILD_ENV` unless set (Inductor's vector-ISA probes skipped, OpenMP threads waiting
+   passively: tests/support/child_env.py says why).
 
 The exit status is pytest's.
 """
@@ -127,9 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     hub = args.workdir / "hf" / "hub"
     build_hub_cache(hub)
     sys.path.insert(0, str(ROOT / "tests"))
-    from support.compile_env import INDUCTOR_ENV  # Inductor's ISA probes: why, there
+    from support.child_env import CHILD_ENV  # what it changes and why: there
 
-    env = {**INDUCTOR_ENV, **os.environ, "HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1",
+    env = {**CHILD_ENV, **os.environ, "HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
            "PYTHONPATH": os.pathsep.join([str(HERE), str(site), str(source),
                                           os.environ.get("PYTHONPATH", "")])}  # fmt: skip
