@@ -27,10 +27,10 @@ def test_a_process_the_suite_starts_gets_the_child_environment():
 
 
 def _make_variable(target: str, variable: str) -> str | None:
-    """`variable`'s value in `target`'s recipe, as `make -n` expands it."""
-    makefile = f"include Makefile\nprobe-{target}: {target}\n"
+    """`variable`'s target-specific value for `target` in make's database (printed for a target
+    that does not exist: nothing is built, not even a recipe that calls $(MAKE))."""
     env = {k: v for k, v in os.environ.items() if k != variable and not k.startswith("MAKE")}
-    done = subprocess.run(["make", "-pRrq", "-f", "-", f"probe-{target}"], input=makefile, cwd=ROOT,
+    done = subprocess.run(["make", "-pRrq", "-f", "Makefile", "__no_such_target__"], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
     match = re.search(rf"^{re.escape(target)}: (?:export )?{variable} [:?]?= (\S+)$",
                       done.stdout, re.MULTILINE)  # fmt: skip
