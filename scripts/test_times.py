@@ -80,8 +80,8 @@ def summary() -> str:
              f"{'part':<28} {'started':>8} {'took':>8} {'CPU':>8}  result"]  # fmt: skip
     for record in records:
         started = (record["started"] - began) / 60
-        cpu = record.get("cpu_seconds")
-        cpu = f"{cpu / 60:8.1f}" if cpu is not None else f"{'-':>8}"
+        cpu_seconds = record.get("cpu_seconds")
+        cpu = f"{cpu_seconds / 60:8.1f}" if cpu_seconds is not None else f"{'-':>8}"
         if "ended" in record:
             took = f"{(record['ended'] - record['started']) / 60:8.1f}"
             result = "passed" if record["returncode"] == 0 else f"FAILED ({record['returncode']})"

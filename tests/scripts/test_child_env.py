@@ -8,12 +8,10 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from support.child_env import CHILD_ENV
-
-ROOT = Path(__file__).resolve().parents[2]
+from support.doc_commands import make_database
 
 
 def test_a_process_the_suite_starts_gets_the_child_environment():
@@ -27,13 +25,9 @@ def test_a_process_the_suite_starts_gets_the_child_environment():
 
 
 def _make_variable(target: str, variable: str) -> str | None:
-    """`variable`'s target-specific value for `target` in make's database (printed for a target
-    that does not exist: nothing is built, not even a recipe that calls $(MAKE))."""
-    env = {k: v for k, v in os.environ.items() if k != variable and not k.startswith("MAKE")}
-    done = subprocess.run(["make", "-pRrq", "-f", "Makefile", "__no_such_target__"], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    """`variable`'s target-specific value for `target` in make's database."""
     match = re.search(rf"^{re.escape(target)}: (?:export )?{variable} [:?]?= (\S+)$",
-                      done.stdout, re.MULTILINE)  # fmt: skip
+                      make_database(), re.MULTILINE)  # fmt: skip
     return match.group(1) if match else None
 
 

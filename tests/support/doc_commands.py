@@ -223,12 +223,19 @@ def last_line(text: str) -> str:
 
 
 @functools.cache
-def make_targets() -> frozenset[str]:
-    """The Makefile's targets, from make's database (nothing is run)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+def make_database() -> str:
+    """make's database of the Makefile as written: no variable of this process's environment
+    but PATH (so `?=` defaults show, not a caller's override), printed for a target that does
+    not exist, so nothing is run, not even a recipe that calls $(MAKE)."""
     result = subprocess.run(["make", "-pRrq", "-f", "Makefile", "__no_such_target__"], cwd=ROOT,
-                            env=env, capture_output=True, text=True)  # fmt: skip
-    return frozenset(re.findall(r"^([A-Za-z0-9][\w.-]*):(?!=)", result.stdout, flags=re.M))
+                            env={"PATH": os.environ.get("PATH", "")}, capture_output=True,
+                            text=True, timeout=60)  # fmt: skip
+    return result.stdout
+
+
+def make_targets() -> frozenset[str]:
+    """The Makefile's targets, from make's database."""
+    return frozenset(re.findall(r"^([A-Za-z0-9][\w.-]*):(?!=)", make_database(), flags=re.M))
 
 
 def _make_problem(args: list[str], scratch: Path) -> str | None:
